@@ -1,0 +1,26 @@
+"""A generic, append-only, hash-chained event journal on SQLite.
+
+This package knows nothing about KV caches: a record is a kind, a payload and
+an envelope (``seq``, ``step``, ``rank``, ``ts``). The domain lives in
+:mod:`kvstate`, which builds on this layer and never the other way round.
+"""
+
+from .database import Journal, is_journal_file
+from .errors import JournalError, RecordError, TamperedError
+from .jsonl import dump_record, parse_line, read_jsonl, write_jsonl
+from .record import Record
+from .writer import JournalWriter
+
+__all__ = [
+    "Journal",
+    "JournalError",
+    "JournalWriter",
+    "Record",
+    "RecordError",
+    "TamperedError",
+    "dump_record",
+    "is_journal_file",
+    "parse_line",
+    "read_jsonl",
+    "write_jsonl",
+]

@@ -1,0 +1,103 @@
+"""The journal's SQLite schema, created with sqlite-utils.
+
+One STRICT table of records keyed by ``seq`` (an alias of the rowid, so
+appends land in key order), triggers that refuse UPDATE and DELETE so the
+journal is append-only by construction, and a one-row table naming the schema
+version so a future layout can be told apart.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Mapping, Sequence
+
+import msgpack
+import sqlite_utils
+
+from .errors import JournalError
+
+SCHEMA_VERSION = 1
+TABLE = "records"
+_KIND_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+_TRIGGERS = f"""
+CREATE TRIGGER IF NOT EXISTS {TABLE}_refuse_update BEFORE UPDATE ON {TABLE}
+BEGIN SELECT RAISE(ABORT, 'the journal is append-only: UPDATE refused'); END;
+CREATE TRIGGER IF NOT EXISTS {TABLE}_refuse_delete BEFORE DELETE ON {TABLE}
+BEGIN SELECT RAISE(ABORT, 'the journal is append-only: DELETE refused'); END;
+"""
+
+
+def journal_json(payload: bytes | None) -> str | None:
+    """SQL function: a msgpack payload as JSON text, for views and ad-hoc queries."""
+    if payload is None:
+        return None
+    import json
+
+    return json.dumps(msgpack.unpackb(payload, raw=False), ensure_ascii=False)
+
+
+def register_functions(conn: sqlite3.Connection) -> None:
+    """Register the SQL functions the views use on one connection."""
+    conn.create_function("journal_json", 1, journal_json, deterministic=True)
+
+
+def create(conn: sqlite3.Connection) -> None:
+    """Create the schema in an empty database (idempotent)."""
+    db = sqlite_utils.Database(conn)
+    if TABLE not in db.table_names():
+        db[TABLE].create(
+            {
+                "seq": int,
+                "kind": str,
+                "step": int,
+                "rank": int,
+                "ts": int,
+                "payload": bytes,
+                "digest": bytes,
+            },
+            pk="seq",
+            not_null={"kind", "payload", "digest"},
+            strict=True,
+        )
+    if "schema_version" not in db.table_names():
+        db["schema_version"].create({"version": int}, strict=True)
+        db["schema_version"].insert({"version": SCHEMA_VERSION})
+    conn.executescript(_TRIGGERS)
+
+
+def check(conn: sqlite3.Connection, path: str) -> None:
+    """Refuse a database that is not a journal of a version we can read."""
+    try:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as exc:
+        raise JournalError(f"{path}: not a journal database ({exc})") from exc
+    if TABLE not in names or "schema_version" not in names:
+        raise JournalError(f"{path}: not a kvstate journal (no '{TABLE}' table)")
+    row = conn.execute("SELECT version FROM schema_version").fetchone()
+    if row is None or row[0] != SCHEMA_VERSION:
+        found = None if row is None else row[0]
+        raise JournalError(f"{path}: unknown journal schema version {found}")
+
+
+def create_views(conn: sqlite3.Connection, kinds: Mapping[str, Sequence[str]]) -> None:
+    """One view per kind, named after it, with the payload fields as columns.
+
+    Reading the views needs the ``journal_json`` SQL function: registered on
+    every connection the journal opens, and by the sqlite-utils plugin this
+    package installs, so ``sqlite-utils query`` can read them too.
+    """
+    db = sqlite_utils.Database(conn)
+    for kind, fields in kinds.items():
+        if not _KIND_NAME.match(kind) or kind in (TABLE, "schema_version"):
+            raise JournalError(f"cannot create a view for kind {kind!r}")
+        columns = "".join(
+            f", json_extract(j, '$.{field}') AS \"{field}\"" for field in fields
+        )
+        sql = (
+            f"SELECT seq, step, rank, ts{columns} FROM "
+            f"(SELECT seq, step, rank, ts, journal_json(payload) AS j "
+            f"FROM {TABLE} WHERE kind = '{kind}')"
+        )
+        db.create_view(kind, sql, replace=True)

@@ -1,0 +1,212 @@
+"""The append-only SQLite journal.
+
+Writes are group commits: :meth:`Journal.append` takes a whole batch (an
+engine step's records) and writes it in one transaction, because SQLite does
+tens of thousands of inserts per second but only a few hundred transactions.
+The database runs in WAL mode with ``synchronous=NORMAL``: a committed batch
+survives a crash of the application; a power loss may drop the last batches,
+never corrupt the ones before.
+
+Reads stream in ``seq`` order straight from a cursor, so memory does not grow
+with the journal, and every record's digest is checked against the chain as
+it goes by.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import msgpack
+
+from . import _chain, _schema
+from .errors import JournalError, RecordError, TamperedError
+from .record import Record
+
+_INSERT = (
+    f"INSERT INTO {_schema.TABLE} (seq, kind, step, rank, ts, payload, digest) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_SELECT = f"SELECT seq, kind, step, rank, ts, payload, digest FROM {_schema.TABLE}"
+_FOLLOW_CHUNK = 4096
+
+
+def is_journal_file(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is an SQLite database (by its 16-byte header)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
+class Journal:
+    """An append-only, hash-chained journal of :class:`Record` in one SQLite file.
+
+    Open with ``Journal(path)`` to create or append, ``Journal(path,
+    readonly=True)`` to read a journal that must already exist. One
+    connection: use a journal from one thread at a time (the
+    :class:`~journal.writer.JournalWriter` owns it from its thread).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False) -> None:
+        self.path = os.fspath(path)
+        self.readonly = readonly
+        try:
+            if readonly:
+                if not os.path.exists(self.path):
+                    raise JournalError(f"{self.path}: no such journal")
+                uri = f"file:{self.path}?mode=ro"
+                self._conn = sqlite3.connect(
+                    uri, uri=True, isolation_level=None, check_same_thread=False
+                )
+            else:
+                self._conn = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False
+                )
+            self._conn.execute("PRAGMA busy_timeout = 5000")
+            _schema.register_functions(self._conn)
+            if not readonly:
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                self._conn.execute("PRAGMA synchronous = NORMAL")
+                _schema.create(self._conn)
+            _schema.check(self._conn, self.path)
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(f"{self.path}: cannot open journal: {exc}") from exc
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+
+    # -- writing -----------------------------------------------------------------
+
+    def head(self) -> tuple[int, bytes]:
+        """The last record's ``seq`` and digest; ``(0, GENESIS)`` when empty."""
+        row = self._conn.execute(
+            f"SELECT seq, digest FROM {_schema.TABLE} ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
+        return (0, _chain.GENESIS) if row is None else (row[0], row[1])
+
+    def append(self, records: Iterable[Record]) -> int:
+        """Append a batch in one transaction; returns how many were written.
+
+        ``seq`` must increase strictly, continuing after the last stored one.
+        The whole batch is written or none of it is.
+        """
+        if self.readonly:
+            raise JournalError(f"{self.path}: journal is open read-only")
+        conn = self._conn
+        pack = self._pack
+        try:
+            # IMMEDIATE takes the write lock up front, so a concurrent writer
+            # waits on busy_timeout instead of failing at the first insert.
+            conn.execute("BEGIN IMMEDIATE")
+            last_seq, digest = self.head()
+            rows = []
+            for rec in records:
+                if rec.seq <= last_seq:
+                    raise RecordError(
+                        f"seq {rec.seq} does not follow seq {last_seq}", path=self.path, seq=rec.seq
+                    )
+                payload = pack(dict(rec.payload))
+                digest = _chain.link(digest, rec.seq, rec.kind, rec.step, rec.rank, rec.ts, payload)
+                rows.append((rec.seq, rec.kind, rec.step, rec.rank, rec.ts, payload, digest))
+                last_seq = rec.seq
+            conn.executemany(_INSERT, rows)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return len(rows)
+
+    def create_views(self, kinds: Mapping[str, Sequence[str]]) -> None:
+        """Create one SQL view per record kind (see :func:`journal._schema.create_views`)."""
+        _schema.create_views(self._conn, kinds)
+
+    # -- reading -----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._conn.execute(f"SELECT count(*) FROM {_schema.TABLE}").fetchone()[0]
+
+    def records(self, *, after: int = 0, verify: bool = True) -> Iterator[Record]:
+        """Stream the records with ``seq > after`` in seq order.
+
+        With ``verify`` each digest is recomputed and a break in the chain
+        raises :class:`TamperedError` naming the first bad seq.
+        """
+        previous = self._digest_before(after) if verify else _chain.GENESIS
+        cursor = self._conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq", (after,))
+        for row in cursor:
+            record, previous = self._decode(row, previous, verify)
+            yield record
+
+    def follow(
+        self,
+        *,
+        after: int = 0,
+        poll_interval: float = 0.1,
+        stop: Callable[[], bool] | threading.Event | None = None,
+    ) -> Iterator[Record]:
+        """Yield records as another process appends them, until ``stop``.
+
+        Reads in short chunks and never holds a read transaction between
+        polls, so the writer (in WAL mode) is never blocked.
+        """
+        should_stop = stop.is_set if isinstance(stop, threading.Event) else stop
+        previous = self._digest_before(after)
+        last = after
+        while True:
+            rows = self._conn.execute(
+                f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT {_FOLLOW_CHUNK}", (last,)
+            ).fetchall()
+            for row in rows:
+                record, previous = self._decode(row, previous, True)
+                last = record.seq
+                yield record
+            if len(rows) == _FOLLOW_CHUNK:
+                continue
+            if should_stop is not None and should_stop():
+                return
+            time.sleep(poll_interval)
+
+    def _digest_before(self, after: int) -> bytes:
+        if after <= 0:
+            return _chain.GENESIS
+        row = self._conn.execute(
+            f"SELECT digest FROM {_schema.TABLE} WHERE seq <= ? ORDER BY seq DESC LIMIT 1",
+            (after,),
+        ).fetchone()
+        return _chain.GENESIS if row is None else row[0]
+
+    def _decode(self, row: tuple[Any, ...], previous: bytes, verify: bool) -> tuple[Record, bytes]:
+        seq, kind, step, rank, ts, payload, digest = row
+        if verify:
+            expected = _chain.link(previous, seq, kind, step, rank, ts, payload)
+            if expected != digest:
+                raise TamperedError(
+                    "digest does not match the hash chain: the record or one before it "
+                    "was changed",
+                    path=self.path,
+                    seq=seq,
+                )
+        try:
+            fields = msgpack.unpackb(payload, raw=False)
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+            raise RecordError(f"payload is not msgpack: {exc}", path=self.path, seq=seq) from exc
+        if not isinstance(fields, dict):
+            raise RecordError("payload is not a map", path=self.path, seq=seq)
+        return Record(seq, kind, fields, step, rank, ts), digest
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        self._conn.close()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,94 @@
+"""JSON Lines, the journal's interchange form.
+
+One JSON object per line, UTF-8. The envelope fields (``seq``, ``kind``,
+``step``, ``rank``, ``ts``) are lifted out; every other field is the payload.
+``seq`` is optional on input and defaults to the 1-based line number. Blank
+lines are skipped (they still count as lines).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from .errors import RecordError
+from .record import Record
+
+_ENVELOPE_INTS = ("step", "rank", "ts")
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def parse_line(text: str, *, path: str, line: int) -> Record:
+    """Parse one JSON Lines record (no order check)."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"not valid JSON: {exc.msg} (column {exc.colno})", path=path, line=line)
+    if not isinstance(obj, dict):
+        raise RecordError("a record must be a JSON object", path=path, line=line)
+    kind = obj.pop("kind", None)
+    if not isinstance(kind, str) or not kind:
+        raise RecordError("record has no 'kind' string", path=path, line=line)
+    seq = obj.pop("seq", line)
+    if not _is_int(seq):
+        raise RecordError(f"'seq' must be an integer, not {seq!r}", path=path, line=line)
+    envelope: dict[str, int | None] = {}
+    for name in _ENVELOPE_INTS:
+        value = obj.pop(name, None)
+        if value is not None and not _is_int(value):
+            raise RecordError(
+                f"'{name}' must be an integer, not {value!r}", path=path, line=line, seq=seq
+            )
+        envelope[name] = value
+    return Record(seq, kind, obj, envelope["step"], envelope["rank"], envelope["ts"])
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Record]:
+    """Stream the records of a JSON Lines file, checking that seq increases.
+
+    Raises :class:`RecordError` naming the file and line of the first bad
+    record; ``OSError`` when the file cannot be read.
+    """
+    name = os.fspath(path)
+    last_seq: int | None = None
+    last_line = 0
+    with open(name, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise RecordError(f"not UTF-8: {exc.reason}", path=name, line=lineno) from exc
+            if not text.strip():
+                continue
+            record = parse_line(text, path=name, line=lineno)
+            if last_seq is not None and record.seq <= last_seq:
+                raise RecordError(
+                    f"seq {record.seq} does not increase (line {last_line} had seq {last_seq})",
+                    path=name,
+                    line=lineno,
+                )
+            last_seq, last_line = record.seq, lineno
+            yield record
+
+
+def dump_record(record: Record) -> str:
+    """One record as a compact JSON line (without the newline)."""
+    return json.dumps(record.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+
+def write_jsonl(records: Iterable[Record], out: str | os.PathLike[str] | IO[str]) -> int:
+    """Write records as JSON Lines to a path or an open text file; returns the count."""
+    if isinstance(out, (str, os.PathLike)):
+        with open(out, "w", encoding="utf-8") as f:
+            return write_jsonl(records, f)
+    n = 0
+    for record in records:
+        out.write(dump_record(record))
+        out.write("\n")
+        n += 1
+    return n
