@@ -7,7 +7,7 @@ an envelope (``seq``, ``step``, ``rank``, ``ts``). The domain lives in
 
 from .database import Journal, is_journal_file
 from .errors import JournalError, RecordError, TamperedError
-from .jsonl import dump_record, parse_line, read_jsonl, write_jsonl
+from .jsonl import dump_record, parse_line, read_jsonl, read_jsonl_lines, write_jsonl
 from .record import Record
 from .writer import JournalWriter
 
@@ -22,5 +22,6 @@ __all__ = [
     "is_journal_file",
     "parse_line",
     "read_jsonl",
+    "read_jsonl_lines",
     "write_jsonl",
 ]

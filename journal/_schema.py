@@ -92,9 +92,7 @@ def create_views(conn: sqlite3.Connection, kinds: Mapping[str, Sequence[str]]) -
     for kind, fields in kinds.items():
         if not _KIND_NAME.match(kind) or kind in (TABLE, "schema_version"):
             raise JournalError(f"cannot create a view for kind {kind!r}")
-        columns = "".join(
-            f", json_extract(j, '$.{field}') AS \"{field}\"" for field in fields
-        )
+        columns = "".join(f", json_extract(j, '$.{field}') AS \"{field}\"" for field in fields)
         sql = (
             f"SELECT seq, step, rank, ts{columns} FROM "
             f"(SELECT seq, step, rank, ts, journal_json(payload) AS j "

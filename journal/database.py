@@ -186,8 +186,7 @@ class Journal:
             expected = _chain.link(previous, seq, kind, step, rank, ts, payload)
             if expected != digest:
                 raise TamperedError(
-                    "digest does not match the hash chain: the record or one before it "
-                    "was changed",
+                    "digest does not match the hash chain: the record or one before it was changed",
                     path=self.path,
                     seq=seq,
                 )

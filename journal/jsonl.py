@@ -28,7 +28,9 @@ def parse_line(text: str, *, path: str, line: int) -> Record:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise RecordError(f"not valid JSON: {exc.msg} (column {exc.colno})", path=path, line=line)
+        raise RecordError(
+            f"not valid JSON: {exc.msg} (column {exc.colno})", path=path, line=line
+        ) from None
     if not isinstance(obj, dict):
         raise RecordError("a record must be a JSON object", path=path, line=line)
     kind = obj.pop("kind", None)
@@ -54,6 +56,12 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Record]:
     Raises :class:`RecordError` naming the file and line of the first bad
     record; ``OSError`` when the file cannot be read.
     """
+    for _line, record in read_jsonl_lines(path):
+        yield record
+
+
+def read_jsonl_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, Record]]:
+    """Like :func:`read_jsonl`, also yielding each record's 1-based line number."""
     name = os.fspath(path)
     last_seq: int | None = None
     last_line = 0
@@ -73,7 +81,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Record]:
                     line=lineno,
                 )
             last_seq, last_line = record.seq, lineno
-            yield record
+            yield lineno, record
 
 
 def dump_record(record: Record) -> str:

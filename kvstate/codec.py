@@ -1,0 +1,85 @@
+"""Between journal records and events: the two codecs of journal v1.
+
+A :class:`journal.Record` holds the kind-specific fields in its payload;
+on disk that payload is msgpack (the storage form), in JSON Lines it is the
+rest of the line (the interchange form). This module turns records into
+validated events and back. Every failure is one error type,
+:class:`journal.RecordError`, carrying the file and line or seq.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from journal import Record, RecordError
+
+from .events import EVENT_TYPES, SIDE_WORKER, Event
+
+
+class Entry(NamedTuple):
+    """One journal position: the envelope and the event it holds."""
+
+    seq: int
+    step: int
+    ts: int | None
+    event: Event
+
+
+def event_payload(event: Event) -> dict[str, Any]:
+    """The payload of an event: its fields (tuples as lists) plus kept extras."""
+    out: dict[str, Any] = {}
+    for name in event.payload_fields:
+        value = getattr(event, name)
+        out[name] = list(value) if type(value) is tuple else value
+    for name, value in event.extra.items():
+        out.setdefault(name, value)
+    return out
+
+
+def to_record(entry: Entry) -> Record:
+    """The journal record of an entry (worker events put their rank in the envelope)."""
+    event = entry.event
+    rank = event.rank if event.side == SIDE_WORKER else None  # type: ignore[attr-defined]
+    return Record(entry.seq, event.kind, event_payload(event), entry.step, rank, entry.ts)
+
+
+def to_dict(entry: Entry) -> dict[str, Any]:
+    """The JSON Lines object of an entry."""
+    return to_record(entry).to_dict()
+
+
+def from_record(record: Record, *, path: str | None = None, line: int | None = None) -> Entry:
+    """Decode and validate one record.
+
+    Raises :class:`RecordError` for an unknown kind, a missing or ill-typed
+    field, or a missing ``step`` / ``rank``; the error names ``path`` and
+    ``line`` when given, else the record's ``seq``.
+    """
+    where = {"path": path, "line": line, "seq": record.seq}
+    cls = EVENT_TYPES.get(record.kind)
+    if cls is None:
+        raise RecordError(f"unknown kind {record.kind!r}", **where)
+    if record.step is None:
+        raise RecordError(f"{record.kind} record has no 'step'", **where)
+    if record.step < 0:
+        raise RecordError(f"'step' must be non-negative, not {record.step}", **where)
+    payload = record.payload
+    missing = [name for name in cls.required_fields if name not in payload]
+    if missing:
+        raise RecordError(f"{record.kind} record lacks {', '.join(map(repr, missing))}", **where)
+    known = cls.payload_fields
+    kwargs = {name: payload[name] for name in known if name in payload}
+    extra = {name: value for name, value in payload.items() if name not in known}
+    if cls.side == SIDE_WORKER:
+        if record.rank is None:
+            raise RecordError(f"{record.kind} is a worker record and needs 'rank'", **where)
+        kwargs["rank"] = record.rank
+        extra.pop("rank", None)
+    elif record.rank is not None:
+        # Only worker events carry a rank; keep it so a round trip loses nothing.
+        extra["rank"] = record.rank
+    try:
+        event = cls(**kwargs, extra=extra) if extra else cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise RecordError(f"{record.kind}: {exc}", **where) from exc
+    return Entry(record.seq, record.step, record.ts, event)

@@ -1,0 +1,485 @@
+"""The event vocabulary of journal v1: one immutable value type per kind.
+
+Each kind of ``shared/spec/journal-v1.md`` is a frozen, slotted ``attrs``
+class whose fields are validated at construction: ids are non-negative
+integers, enumerations take only their values, block lists become tuples. The
+envelope (``seq``, ``step``, ``ts``) belongs to the journal record, not to the
+event; worker events carry ``rank`` as a field because the spec lists it
+among their fields.
+
+Unknown extra fields of an input record are kept in ``extra`` (keyword-only)
+so a round trip preserves them; the fold ignores them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import attrs
+
+JOURNAL_VERSION = 1
+
+SIDE_JOURNAL = "journal"
+SIDE_SCHEDULER = "scheduler"
+SIDE_WORKER = "worker"
+SIDE_AUDIT = "audit"
+
+MODES = ("append", "replace")
+SKIP_REASONS = ("stale", "pressure", "empty", "error")
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+# -- validators and converters -------------------------------------------------------
+# Hand-written rather than attrs.validators.* compositions: these run on the
+# connector's hot path and each costs one type check and one comparison.
+
+
+def _nonneg(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    if type(value) is not int or value < 0:
+        raise ValueError(f"'{attribute.name}' must be a non-negative integer, not {value!r}")
+
+
+def _positive(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    if type(value) is not int or value <= 0:
+        raise ValueError(f"'{attribute.name}' must be a positive integer, not {value!r}")
+
+
+def _string(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    if type(value) is not str:
+        raise ValueError(f"'{attribute.name}' must be a string, not {value!r}")
+
+
+def _opt_string(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    if value is not None and type(value) is not str:
+        raise ValueError(f"'{attribute.name}' must be a string or null, not {value!r}")
+
+
+def _boolean(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    if type(value) is not bool:
+        raise ValueError(f"'{attribute.name}' must be true or false, not {value!r}")
+
+
+def _scalar(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    if value is not None and type(value) not in (str, int, float, bool):
+        raise ValueError(f"'{attribute.name}' must be a string or number, not {value!r}")
+
+
+def _one_of(values: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    def check(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+        if value not in values:
+            allowed = ", ".join(values)
+            raise ValueError(f"'{attribute.name}' must be one of {allowed}, not {value!r}")
+
+    return check
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    if type(value) not in (list, tuple):
+        raise ValueError(f"expected a list of non-negative integers, not {value!r}")
+    for v in value:
+        if type(v) is not int or v < 0:
+            raise ValueError(f"expected non-negative integers, found {v!r}")
+    return tuple(value)
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    if type(value) not in (list, tuple):
+        raise ValueError(f"expected a list of strings, not {value!r}")
+    for v in value:
+        if type(v) is not str:
+            raise ValueError(f"expected strings, found {v!r}")
+    return tuple(value)
+
+
+def _opt_hashes(value: Any) -> tuple[str | int, ...] | None:
+    if value is None:
+        return None
+    if type(value) not in (list, tuple):
+        raise ValueError(f"'hashes' must be a list, not {value!r}")
+    for v in value:
+        if type(v) not in (str, int):
+            raise ValueError(f"'hashes' must hold strings or integers, found {v!r}")
+    return tuple(value)
+
+
+def _req() -> Any:
+    return attrs.field(validator=_string)
+
+
+def _id() -> Any:
+    return attrs.field(validator=_nonneg)
+
+
+# -- the base class and the registry -------------------------------------------------
+
+EVENT_TYPES: dict[str, type[Event]] = {}
+
+
+@attrs.frozen(slots=True)
+class Event:
+    """Base of every event kind. ``kind`` and ``side`` are class constants."""
+
+    kind: ClassVar[str] = ""
+    side: ClassVar[str] = ""
+    #: payload fields in declaration order (everything but ``rank`` and ``extra``)
+    payload_fields: ClassVar[tuple[str, ...]] = ()
+    #: payload fields that must be present in an input record
+    required_fields: ClassVar[tuple[str, ...]] = ()
+
+    extra: Mapping[str, Any] = attrs.field(default=_EMPTY, kw_only=True, repr=False)
+
+
+def _kind(name: str, side: str):  # type: ignore[no-untyped-def]
+    """Register an event class under its journal kind name."""
+
+    def register(cls: type[Event]) -> type[Event]:
+        cls.kind = name
+        cls.side = side
+        fields = [a for a in attrs.fields(cls) if a.name not in ("extra", "rank")]
+        cls.payload_fields = tuple(a.name for a in fields)
+        cls.required_fields = tuple(a.name for a in fields if a.default is attrs.NOTHING)
+        EVENT_TYPES[name] = cls
+        return cls
+
+    return register
+
+
+# -- journal header ----------------------------------------------------------------
+
+
+def _version(_inst: object, _attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+    if value != JOURNAL_VERSION or type(value) is not int:
+        raise ValueError(f"unknown journal version {value!r} (this reader knows version 1)")
+
+
+@_kind("journal_opened", SIDE_JOURNAL)
+@attrs.frozen(slots=True)
+class JournalOpened(Event):
+    """First record of every journal: format version and engine geometry."""
+
+    version: int = attrs.field(validator=_version)
+    block_size: int = attrs.field(validator=_positive)
+    world_size: int = attrs.field(validator=_positive)
+    policy: str | None = attrs.field(default=None, validator=_opt_string)
+    engine: str | None = attrs.field(default=None, validator=_opt_string)
+    created: Any = attrs.field(default=None, validator=_scalar)
+
+
+# -- scheduler side ----------------------------------------------------------------
+
+
+@_kind("request_admitted", SIDE_SCHEDULER)
+@attrs.frozen(slots=True)
+class RequestAdmitted(Event):
+    """A new incarnation ``(req, gen)`` of a request starts."""
+
+    req: str = _req()
+    gen: int = _id()
+    prompt_tokens: int = _id()
+    hashes: tuple[str | int, ...] | None = attrs.field(default=None, converter=_opt_hashes)
+
+
+@_kind("request_resumed", SIDE_SCHEDULER)
+@attrs.frozen(slots=True)
+class RequestResumed(Event):
+    """A preempted request runs again as a new, greater generation."""
+
+    req: str = _req()
+    gen: int = _id()
+
+
+@_kind("blocks_assigned", SIDE_SCHEDULER)
+@attrs.frozen(slots=True)
+class BlocksAssigned(Event):
+    """Blocks join an incarnation's table (``append``) or become it (``replace``)."""
+
+    req: str = _req()
+    gen: int = _id()
+    blocks: tuple[int, ...] = attrs.field(converter=_ids)
+    mode: str = attrs.field(validator=_one_of(MODES))
+    cached: tuple[int, ...] = attrs.field(default=(), converter=_ids)
+
+
+@_kind("request_preempted", SIDE_SCHEDULER)
+@attrs.frozen(slots=True)
+class RequestPreempted(Event):
+    """The incarnation's table refs are dropped; enqueued jobs keep their pins."""
+
+    req: str = _req()
+    gen: int = _id()
+
+
+@_kind("request_finished", SIDE_SCHEDULER)
+@attrs.frozen(slots=True)
+class RequestFinished(Event):
+    """Finish or abort, legal in any state; ``hold`` keeps the table refs."""
+
+    req: str = _req()
+    gen: int = _id()
+    hold: bool = attrs.field(default=False, validator=_boolean)
+    aborted: bool = attrs.field(default=False, validator=_boolean)
+
+
+@_kind("held_blocks_released", SIDE_SCHEDULER)
+@attrs.frozen(slots=True)
+class HeldBlocksReleased(Event):
+    """Drops the refs kept by a ``hold`` finish."""
+
+    req: str = _req()
+    gen: int = _id()
+
+
+@_kind("job_enqueued", SIDE_SCHEDULER)
+@attrs.frozen(slots=True)
+class JobEnqueued(Event):
+    """A store job of the current incarnation; its ``pins`` gain a ref each."""
+
+    job: int = _id()
+    req: str = _req()
+    gen: int = _id()
+    token_start: int = _id()
+    token_end: int = _id()
+    reads: tuple[int, ...] = attrs.field(converter=_ids)
+    pins: tuple[int, ...] = attrs.field(converter=_ids)
+    keys: tuple[str, ...] = attrs.field(converter=_strings)
+    world_size: int = attrs.field(validator=_positive)
+    parent: str | None = attrs.field(default=None, validator=_opt_string)
+
+    def __attrs_post_init__(self) -> None:
+        if self.token_end < self.token_start:
+            raise ValueError(
+                f"'token_end' ({self.token_end}) is before 'token_start' ({self.token_start})"
+            )
+
+
+@_kind("completions_received", SIDE_SCHEDULER)
+@attrs.frozen(slots=True)
+class CompletionsReceived(Event):
+    """The scheduler consumed ``count`` completion reports of ``job``."""
+
+    job: int = _id()
+    count: int = _id()
+
+
+@_kind("pins_released", SIDE_SCHEDULER)
+@attrs.frozen(slots=True)
+class PinsReleased(Event):
+    """The job's pins are dropped, in the order given."""
+
+    job: int = _id()
+    blocks: tuple[int, ...] = attrs.field(converter=_ids)
+
+
+@_kind("engine_crashed", SIDE_SCHEDULER)
+@attrs.frozen(slots=True)
+class EngineCrashed(Event):
+    """The engine died."""
+
+    error: str = attrs.field(validator=_string)
+
+
+@_kind("engine_idle", SIDE_SCHEDULER)
+@attrs.frozen(slots=True)
+class EngineIdle(Event):
+    """Quiescence: nothing may still be outstanding."""
+
+
+# -- worker side -------------------------------------------------------------------
+
+
+def _rank() -> Any:
+    return attrs.field(validator=_nonneg)
+
+
+@_kind("job_received", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class JobReceived(Event):
+    """The rank registered the job in its ledger before queueing it."""
+
+    job: int = _id()
+    rank: int = _rank()
+
+
+@_kind("preemption_seen", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class PreemptionSeen(Event):
+    """The rank learned that ``(req, gen)`` is preempted or finished."""
+
+    req: str = _req()
+    gen: int = _id()
+    rank: int = _rank()
+
+
+@_kind("job_started", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class JobStarted(Event):
+    """Dequeued and passed the liveness check."""
+
+    job: int = _id()
+    rank: int = _rank()
+
+
+@_kind("job_skipped", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class JobSkipped(Event):
+    """The job ends without a store call; touches no request state."""
+
+    job: int = _id()
+    rank: int = _rank()
+    reason: str = attrs.field(validator=_one_of(SKIP_REASONS))
+
+
+@_kind("dma_started", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class DmaStarted(Event):
+    """The device read of the job's ``reads`` began."""
+
+    job: int = _id()
+    rank: int = _rank()
+
+
+@_kind("dma_done", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class DmaDone(Event):
+    """The device read finished; ``digest`` fingerprints the bytes read."""
+
+    job: int = _id()
+    rank: int = _rank()
+    digest: Any = attrs.field(default=None, validator=_scalar)
+
+
+@_kind("put_done", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class PutDone(Event):
+    """The store accepted the job's keys."""
+
+    job: int = _id()
+    rank: int = _rank()
+    stored: int = _id()
+    existed: int = _id()
+
+
+@_kind("put_failed", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class PutFailed(Event):
+    """The store call failed."""
+
+    job: int = _id()
+    rank: int = _rank()
+    error: str = attrs.field(validator=_string)
+
+
+@_kind("offset_saved", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class OffsetSaved(Event):
+    """Effect: the rank advanced its resume offset for ``req``."""
+
+    job: int = _id()
+    rank: int = _rank()
+    req: str = _req()
+    offset: int = _id()
+
+
+@_kind("request_marked_skipped", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class RequestMarkedSkipped(Event):
+    """Effect: the rank marked ``req`` as skipped under pressure."""
+
+    job: int = _id()
+    rank: int = _rank()
+    req: str = _req()
+
+
+@_kind("retry_tokens_set", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class RetryTokensSet(Event):
+    """Effect: the rank kept a token suffix for a KV-event retry."""
+
+    job: int = _id()
+    rank: int = _rank()
+    req: str = _req()
+    start: int = _id()
+    count: int = _id()
+
+
+@_kind("retry_tokens_cleared", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class RetryTokensCleared(Event):
+    """Effect: the rank dropped its retry state for ``req``."""
+
+    job: int = _id()
+    rank: int = _rank()
+    req: str = _req()
+
+
+@_kind("kv_block_stored", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class KvBlockStored(Event):
+    """A KV event was published for ``key`` with that parent."""
+
+    job: int = _id()
+    rank: int = _rank()
+    key: str = attrs.field(validator=_string)
+    parent: str | None = attrs.field(validator=_opt_string)
+
+
+@_kind("request_retired", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class RequestRetired(Event):
+    """Effect: the rank declared every save of ``(req, gen)`` done."""
+
+    req: str = _req()
+    gen: int = _id()
+    rank: int = _rank()
+
+
+@_kind("job_reported", SIDE_WORKER)
+@attrs.frozen(slots=True)
+class JobReported(Event):
+    """The rank reported the job complete; every path out of a job ends here once."""
+
+    job: int = _id()
+    rank: int = _rank()
+
+
+# -- audit -------------------------------------------------------------------------
+
+
+@_kind("key_verified", SIDE_AUDIT)
+@attrs.frozen(slots=True)
+class KeyVerified(Event):
+    """The value under ``key`` was read back and compared with its fingerprint."""
+
+    key: str = attrs.field(validator=_string)
+    ok: bool = attrs.field(validator=_boolean)
+    expected: Any = attrs.field(default=None, validator=_scalar)
+    actual: Any = attrs.field(default=None, validator=_scalar)
+
+
+@_kind("load_verified", SIDE_AUDIT)
+@attrs.frozen(slots=True)
+class LoadVerified(Event):
+    """A request loaded ``key`` and compared it with what it should be."""
+
+    req: str = _req()
+    gen: int = _id()
+    key: str = attrs.field(validator=_string)
+    ok: bool = attrs.field(validator=_boolean)
+
+
+#: the effect kinds that a stale job must never write (spec section 6)
+EFFECT_KINDS = frozenset(
+    {
+        "offset_saved",
+        "request_marked_skipped",
+        "retry_tokens_set",
+        "retry_tokens_cleared",
+        "request_retired",
+    }
+)
+
+WORKER_KINDS = frozenset(k for k, c in EVENT_TYPES.items() if c.side == SIDE_WORKER)
+SCHEDULER_KINDS = frozenset(k for k, c in EVENT_TYPES.items() if c.side == SIDE_SCHEDULER)

@@ -1,0 +1,656 @@
+"""The reference ledger and the fold: one transition per record.
+
+:meth:`Ledger.apply` is the single transition function of the project. It
+folds one record into requests and generations, block tables, block ``refs``
+and ``epoch``, per-job :class:`~kvstate.state.StoreJobState` and one
+:class:`~kvstate.rank.RankLedger` per rank, and returns the violations that
+record causes, each with the ``chain`` of earlier seqs it depends on. It does
+no I/O and reads no clock: the same records give the same ledger and the same
+violations, live or in replay.
+
+Every check runs at the record that breaks it, in one forward pass; the
+quiescence checks (leaked pins, missing reports, held blocks) run at
+``engine_idle``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from journal import RecordError
+
+from . import events as ev
+from .codec import Entry
+from .rank import RankLedger
+from .state import (
+    FINISHED,
+    PREEMPTED,
+    BlockState,
+    Incarnation,
+    RequestState,
+    StoreJobState,
+)
+from .violations import Code, Violation, chain_of
+
+Out = list[Violation]
+
+
+class Ledger:
+    """The whole engine as the journal describes it.
+
+    ``observes_workers``: whether worker records reach this ledger. Replay
+    sees them all; a live scheduler in another process does not, so it
+    cannot tell how many reports a rank made and checks completions against
+    ``world_size`` only.
+    """
+
+    def __init__(self, *, observes_workers: bool = True) -> None:
+        self.observes_workers = observes_workers
+        self.header: ev.JournalOpened | None = None
+        self.requests: dict[str, RequestState] = {}
+        self.blocks: dict[int, BlockState] = {}
+        self.jobs: dict[int, StoreJobState] = {}
+        self.ranks: dict[int, RankLedger] = {}
+        self.last_job: int | None = None
+        self.last_job_seq: int | None = None
+        self.step = 0
+        self.records = 0
+        self.crashes: list[int] = []
+        #: jobs whose pins are still held, in enqueue order
+        self.pinned: dict[int, None] = {}
+        #: key -> seqs of the enqueues that wrote it (for POISONED_KEY chains)
+        self.key_writers: dict[str, list[int]] = {}
+        self._reported_once: set[tuple[Code, Any]] = set()
+        self._dispatch: dict[type, Callable[[int, Any, Out], None]] = {
+            ev.JournalOpened: self._on_journal_opened,
+            ev.RequestAdmitted: self._on_admitted,
+            ev.RequestResumed: self._on_resumed,
+            ev.BlocksAssigned: self._on_blocks_assigned,
+            ev.RequestPreempted: self._on_preempted,
+            ev.RequestFinished: self._on_finished,
+            ev.HeldBlocksReleased: self._on_held_released,
+            ev.JobEnqueued: self._on_job_enqueued,
+            ev.CompletionsReceived: self._on_completions,
+            ev.PinsReleased: self._on_pins_released,
+            ev.EngineCrashed: self._on_crashed,
+            ev.EngineIdle: self._on_idle,
+            ev.KeyVerified: self._on_key_verified,
+            ev.LoadVerified: self._on_load_verified,
+        }
+
+    # -- geometry --------------------------------------------------------------------
+
+    @property
+    def block_size(self) -> int:
+        return self.header.block_size if self.header is not None else 1
+
+    @property
+    def world_size(self) -> int:
+        return self.header.world_size if self.header is not None else 1
+
+    # -- the transition function ---------------------------------------------------
+
+    def apply(self, seq: int, step: int, event: ev.Event) -> list[Violation]:
+        """Fold one record; return the violations (and warnings) it causes.
+
+        Raises :class:`journal.RecordError` when the input is unusable as a
+        journal: the first record is not ``journal_opened``, or a later header
+        disagrees with the first.
+        """
+        out: Out = []
+        if self.header is None and type(event) is not ev.JournalOpened:
+            raise RecordError(
+                f"the first record must be journal_opened, found {event.kind}", seq=seq
+            )
+        self.records += 1
+        if event.side == ev.SIDE_SCHEDULER:
+            if step < self.step:
+                out.append(
+                    Violation(
+                        Code.STEP_REGRESSED,
+                        seq,
+                        f"scheduler step went back from {self.step} to {step}",
+                    )
+                )
+            else:
+                self.step = step
+        if event.side == ev.SIDE_WORKER:
+            self._on_worker(seq, event, out)
+        else:
+            self._dispatch[type(event)](seq, event, out)
+        return out
+
+    def fold(self, entries: Iterable[Entry]) -> list[Violation]:
+        """Apply entries in order; return every violation."""
+        found: list[Violation] = []
+        for entry in entries:
+            found.extend(self.apply(entry.seq, entry.step, entry.event))
+        return found
+
+    # -- blocks ------------------------------------------------------------------------
+
+    def _block(self, block: int) -> BlockState:
+        state = self.blocks.get(block)
+        if state is None:
+            state = self.blocks[block] = BlockState(block)
+        return state
+
+    def _assign(self, block: int, seq: int, cached: bool, holder: str) -> None:
+        """A table takes a block; a free block not offered as a cache hit gets a new epoch."""
+        state = self._block(block)
+        if state.refs == 0 and not cached:
+            state.epoch += 1
+            state.epoch_seq = seq
+            state.epoch_holder = holder
+            state.prior_free_seq = state.freed_seq
+        state.refs += 1
+
+    def _drop(self, block: int, seq: int, out: Out, why: str) -> None:
+        state = self._block(block)
+        if state.refs == 0:
+            out.append(
+                Violation(
+                    Code.REFCOUNT_UNDERFLOW,
+                    seq,
+                    f"{why} drops block {block}, which has no holder left",
+                    chain_of(state.freed_seq),
+                    block=block,
+                )
+            )
+            return
+        state.refs -= 1
+        if state.refs == 0:
+            state.freed_seq = seq
+
+    # -- requests --------------------------------------------------------------------
+
+    def _incarnation(self, seq: int, kind: str, req: str, gen: int, out: Out) -> Incarnation | None:
+        request = self.requests.get(req)
+        inc = request.incarnations.get(gen) if request is not None else None
+        if inc is None:
+            out.append(
+                Violation(
+                    Code.CAUSALITY,
+                    seq,
+                    f"{kind} names {req}/{gen}, which was never admitted or resumed",
+                    req=req,
+                    gen=gen,
+                )
+            )
+        return inc
+
+    def _new_generation(self, seq: int, kind: str, req: str, gen: int, out: Out) -> Incarnation:
+        request = self.requests.get(req)
+        if request is None:
+            request = self.requests[req] = RequestState(req, gen, seq)
+        elif gen <= request.newest_gen:
+            out.append(
+                Violation(
+                    Code.ID_REUSED,
+                    seq,
+                    f"{kind} gives {req} generation {gen}, not greater than its "
+                    f"generation {request.newest_gen}",
+                    chain_of(request.newest_seq),
+                    req=req,
+                    gen=gen,
+                )
+            )
+        else:
+            request.newest_gen, request.newest_seq = gen, seq
+        inc = Incarnation(req, gen, seq)
+        request.incarnations[gen] = inc
+        return inc
+
+    def _on_journal_opened(self, seq: int, event: ev.JournalOpened, out: Out) -> None:
+        if self.header is None:
+            self.header = event
+            return
+        # Several journals of one run (scheduler and ranks) merged: they must
+        # describe the same engine.
+        if (event.block_size, event.world_size) != (
+            self.header.block_size,
+            self.header.world_size,
+        ):
+            raise RecordError(
+                f"journal_opened says block_size={event.block_size}, "
+                f"world_size={event.world_size}; an earlier header said "
+                f"block_size={self.header.block_size}, world_size={self.header.world_size}",
+                seq=seq,
+            )
+
+    def _on_admitted(self, seq: int, event: ev.RequestAdmitted, out: Out) -> None:
+        inc = self._new_generation(seq, event.kind, event.req, event.gen, out)
+        inc.prompt_tokens = event.prompt_tokens
+
+    def _on_resumed(self, seq: int, event: ev.RequestResumed, out: Out) -> None:
+        if event.req not in self.requests:
+            out.append(
+                Violation(
+                    Code.CAUSALITY,
+                    seq,
+                    f"request_resumed for {event.req}, which was never admitted",
+                    req=event.req,
+                    gen=event.gen,
+                )
+            )
+        self._new_generation(seq, event.kind, event.req, event.gen, out)
+
+    def _on_blocks_assigned(self, seq: int, event: ev.BlocksAssigned, out: Out) -> None:
+        inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
+        if inc is None:
+            return
+        cached = set(event.cached)
+        holder = inc.name
+        # Take the new refs before dropping the old table: a block that stays
+        # in a replaced table never passes through refs == 0, so it keeps its
+        # epoch.
+        for block in event.blocks:
+            self._assign(block, seq, block in cached, holder)
+        if event.mode == "replace":
+            for block in inc.table:
+                self._drop(block, seq, out, f"replacing the table of {holder}")
+            inc.table = list(event.blocks)
+        else:
+            inc.table.extend(event.blocks)
+        inc.table_seq = seq
+
+    def _drop_table(self, seq: int, inc: Incarnation, out: Out, why: str) -> None:
+        for block in inc.table:
+            self._drop(block, seq, out, why)
+        inc.table = []
+        inc.table_seq = seq
+
+    def _on_preempted(self, seq: int, event: ev.RequestPreempted, out: Out) -> None:
+        inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
+        if inc is None:
+            return
+        self._drop_table(seq, inc, out, f"preempting {inc.name}")
+        inc.state, inc.ended_seq = PREEMPTED, seq
+
+    def _on_finished(self, seq: int, event: ev.RequestFinished, out: Out) -> None:
+        inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
+        if inc is None:
+            return
+        if event.hold:
+            inc.held = bool(inc.table)
+        else:
+            self._drop_table(seq, inc, out, f"finishing {inc.name}")
+            inc.held = False
+        inc.state, inc.ended_seq = FINISHED, seq
+
+    def _on_held_released(self, seq: int, event: ev.HeldBlocksReleased, out: Out) -> None:
+        inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
+        if inc is None:
+            return
+        if not inc.held:
+            out.append(
+                Violation(
+                    Code.NOTHING_HELD,
+                    seq,
+                    f"held_blocks_released for {inc.name}, which holds no blocks",
+                    chain_of(inc.ended_seq),
+                    req=event.req,
+                    gen=event.gen,
+                )
+            )
+            return
+        self._drop_table(seq, inc, out, f"releasing the held blocks of {inc.name}")
+        inc.held = False
+
+    # -- jobs --------------------------------------------------------------------------
+
+    def _on_job_enqueued(self, seq: int, event: ev.JobEnqueued, out: Out) -> None:
+        if self.last_job is not None and event.job <= self.last_job:
+            earlier = self.jobs.get(event.job)
+            out.append(
+                Violation(
+                    Code.ID_REUSED,
+                    seq,
+                    f"job id {event.job} is not greater than the earlier job id {self.last_job}",
+                    chain_of(self.last_job_seq, earlier.enqueued_seq if earlier else None),
+                    job=event.job,
+                    req=event.req,
+                    gen=event.gen,
+                )
+            )
+        else:
+            self.last_job, self.last_job_seq = event.job, seq
+        inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
+        if inc is not None:
+            self._check_reads(seq, event, inc, out)
+        for block in event.pins:
+            # A pin holds the block without writing it: no epoch change.
+            self._block(block).refs += 1
+        blocks = self.blocks
+        read_epochs = tuple(blocks[b].epoch if b in blocks else 0 for b in event.reads)
+        self.jobs[event.job] = StoreJobState(
+            event.job,
+            event.req,
+            event.gen,
+            event.token_start,
+            event.token_end,
+            event.reads,
+            read_epochs,
+            event.pins,
+            event.keys,
+            event.parent,
+            event.world_size,
+            seq,
+        )
+        if event.pins:
+            self.pinned[event.job] = None
+        for key in event.keys:
+            self.key_writers.setdefault(key, []).append(seq)
+
+    def _check_reads(self, seq: int, event: ev.JobEnqueued, inc: Incarnation, out: Out) -> None:
+        table = set(inc.table)
+        pins = set(event.pins)
+        for block in event.reads:
+            if block not in table and block not in pins:
+                state = self.blocks.get(block)
+                out.append(
+                    Violation(
+                        Code.FOREIGN_BLOCK_READ,
+                        seq,
+                        f"job {event.job} of {inc.name} would read block {block}, which is "
+                        "neither in the request's table nor pinned by the job",
+                        chain_of(inc.table_seq, state.freed_seq if state else None),
+                        job=event.job,
+                        req=event.req,
+                        gen=event.gen,
+                        block=block,
+                    )
+                )
+        capacity = len(inc.table) * self.block_size
+        if event.token_end > capacity:
+            out.append(
+                Violation(
+                    Code.TABLE_OVERRUN,
+                    seq,
+                    f"job {event.job} saves tokens up to {event.token_end}, but the table of "
+                    f"{inc.name} has {len(inc.table)} blocks ({capacity} tokens)",
+                    chain_of(inc.table_seq),
+                    job=event.job,
+                    req=event.req,
+                    gen=event.gen,
+                )
+            )
+
+    def _job(self, seq: int, kind: str, job: int, out: Out) -> StoreJobState | None:
+        state = self.jobs.get(job)
+        if state is None:
+            out.append(
+                Violation(
+                    Code.CAUSALITY,
+                    seq,
+                    f"{kind} names job {job}, which was never enqueued",
+                    job=job,
+                )
+            )
+        return state
+
+    def _on_completions(self, seq: int, event: ev.CompletionsReceived, out: Out) -> None:
+        job = self._job(seq, event.kind, event.job, out)
+        if job is None:
+            return
+        job.completions += event.count
+        chain = chain_of(job.enqueued_seq, *job.completion_seqs)
+        job.completion_seqs.append(seq)
+        reported = job.reported_ranks
+        if self.observes_workers and job.completions > reported:
+            problem = f"only {reported} rank(s) have reported it"
+        elif job.completions > job.world_size:
+            problem = f"the world has only {job.world_size} rank(s)"
+        else:
+            return
+        out.append(
+            Violation(
+                Code.PHANTOM_COMPLETION,
+                seq,
+                f"{job.completions} completion(s) received for job {job.job}, but {problem}",
+                chain_of(*chain, *(rj.reported_seq for rj in job.ranks.values())),
+                job=job.job,
+                req=job.req,
+                gen=job.gen,
+            )
+        )
+
+    def _on_pins_released(self, seq: int, event: ev.PinsReleased, out: Out) -> None:
+        job = self._job(seq, event.kind, event.job, out)
+        if job is None:
+            return
+        entities = {"job": job.job, "req": job.req, "gen": job.gen}
+        if job.released_seq is not None:
+            out.append(
+                Violation(
+                    Code.PIN_MISMATCH,
+                    seq,
+                    f"job {job.job} released a second time",
+                    chain_of(job.enqueued_seq, job.released_seq),
+                    **entities,
+                )
+            )
+            return
+        if job.completions < job.world_size:
+            out.append(
+                Violation(
+                    Code.EARLY_RELEASE,
+                    seq,
+                    f"job {job.job}'s pins released after {job.completions} of "
+                    f"{job.world_size} completions: a rank may still be reading them",
+                    chain_of(job.enqueued_seq, *job.completion_seqs),
+                    **entities,
+                )
+            )
+        if Counter(event.blocks) != Counter(job.pins):
+            out.append(
+                Violation(
+                    Code.PIN_MISMATCH,
+                    seq,
+                    f"job {job.job} releases blocks {list(event.blocks)} but pinned "
+                    f"{list(job.pins)}",
+                    chain_of(job.enqueued_seq),
+                    **entities,
+                )
+            )
+        elif list(event.blocks) != list(reversed(job.pins)):
+            out.append(
+                Violation(
+                    Code.RELEASE_ORDER,
+                    seq,
+                    f"job {job.job} frees {list(event.blocks)}, not tail first "
+                    f"{list(reversed(job.pins))}",
+                    chain_of(job.enqueued_seq),
+                    **entities,
+                )
+            )
+        for block in event.blocks:
+            self._drop(block, seq, out, f"releasing job {job.job}'s pins")
+        job.released_seq = seq
+        self.pinned.pop(job.job, None)
+
+    # -- worker side -------------------------------------------------------------------
+
+    def rank(self, rank: int) -> RankLedger:
+        ledger = self.ranks.get(rank)
+        if ledger is None:
+            ledger = self.ranks[rank] = RankLedger(rank, self.jobs)
+        return ledger
+
+    def _on_worker(self, seq: int, event: Any, out: Out) -> None:
+        job_id = getattr(event, "job", None)
+        job = None
+        if job_id is not None:
+            job = self._job(seq, event.kind, job_id, out)
+            if job is None:
+                return
+            if event.rank >= job.world_size:
+                out.append(
+                    Violation(
+                        Code.CAUSALITY,
+                        seq,
+                        f"{event.kind} from rank {event.rank}, outside job {job_id}'s world "
+                        f"of {job.world_size} rank(s)",
+                        chain_of(job.enqueued_seq),
+                        job=job_id,
+                        rank=event.rank,
+                    )
+                )
+                return
+        elif self._incarnation(seq, event.kind, event.req, event.gen, out) is None:
+            return
+        rank_job = self.rank(event.rank).apply(seq, event, out)
+        if job is None or rank_job is None:
+            return
+        job.ranks[event.rank] = rank_job
+        if type(event) in (ev.DmaStarted, ev.DmaDone):
+            self._check_epochs(seq, event, job, out)
+
+    def _check_epochs(self, seq: int, event: Any, job: StoreJobState, out: Out) -> None:
+        """A transfer must see each read block at the epoch recorded at enqueue."""
+        blocks = self.blocks
+        for block, epoch in zip(job.reads, job.read_epochs, strict=True):
+            state = blocks.get(block)
+            if state is None or state.epoch == epoch:
+                continue
+            key = (Code.POISONED_READ, (job.job, event.rank, block, state.epoch))
+            if key in self._reported_once:
+                continue  # already flagged at dma_started for this epoch
+            self._reported_once.add(key)
+            holder = f" and handed to {state.epoch_holder}" if state.epoch_holder else ""
+            freed = f"freed at seq {state.prior_free_seq}" if state.prior_free_seq else "reassigned"
+            out.append(
+                Violation(
+                    Code.POISONED_READ,
+                    seq,
+                    f"job {job.job} of {job.req}/{job.gen} read block {block} on rank "
+                    f"{event.rank} at epoch {state.epoch}, but enqueued it at epoch {epoch}: "
+                    f"the block was {freed}{holder} at seq {state.epoch_seq}",
+                    chain_of(job.enqueued_seq, state.prior_free_seq, state.epoch_seq),
+                    job=job.job,
+                    req=job.req,
+                    gen=job.gen,
+                    rank=event.rank,
+                    block=block,
+                )
+            )
+
+    # -- engine and audit --------------------------------------------------------------
+
+    def _on_crashed(self, seq: int, event: ev.EngineCrashed, out: Out) -> None:
+        self.crashes.append(seq)
+        out.append(Violation(Code.CRASH, seq, f"engine crashed: {event.error}"))
+
+    def _on_idle(self, seq: int, event: ev.EngineIdle, out: Out) -> None:
+        """Quiescence: nothing may be outstanding. Each finding is reported once."""
+        for job in self.jobs.values():
+            entities = {"job": job.job, "req": job.req, "gen": job.gen}
+            if job.job in self.pinned and self._first(Code.LEAKED_PIN, job.job):
+                out.append(
+                    Violation(
+                        Code.LEAKED_PIN,
+                        seq,
+                        f"engine idle while job {job.job} still pins {list(job.pins)} "
+                        f"({job.completions} of {job.world_size} completions received)",
+                        chain_of(job.enqueued_seq, *job.completion_seqs),
+                        **entities,
+                    )
+                )
+            if not self.observes_workers:
+                continue  # a live scheduler cannot see the ranks' records
+            for rank in range(job.world_size):
+                rj = job.ranks.get(rank)
+                if rj is not None and rj.reported_seq is not None:
+                    continue
+                if not self._first(Code.MISSING_REPORT, (job.job, rank)):
+                    continue
+                if rj is None:
+                    what, chain = "never received it", chain_of(job.enqueued_seq)
+                else:
+                    what = f"received it but never reported it (last phase: {rj.phase})"
+                    chain = chain_of(job.enqueued_seq, rj.received_seq)
+                out.append(
+                    Violation(
+                        Code.MISSING_REPORT,
+                        seq,
+                        f"engine idle, and rank {rank} {what}: job {job.job}",
+                        chain,
+                        rank=rank,
+                        **entities,
+                    )
+                )
+        for request in self.requests.values():
+            for inc in request.incarnations.values():
+                if inc.held and self._first(Code.HELD_FOREVER, (inc.req, inc.gen)):
+                    out.append(
+                        Violation(
+                            Code.HELD_FOREVER,
+                            seq,
+                            f"engine idle while {inc.name} still holds blocks {inc.table} "
+                            "from a hold finish",
+                            chain_of(inc.ended_seq),
+                            req=inc.req,
+                            gen=inc.gen,
+                        )
+                    )
+
+    def _first(self, code: Code, entity: Any) -> bool:
+        key = (code, entity)
+        if key in self._reported_once:
+            return False
+        self._reported_once.add(key)
+        return True
+
+    def _on_key_verified(self, seq: int, event: ev.KeyVerified, out: Out) -> None:
+        if event.ok:
+            return
+        detail = ""
+        if event.expected is not None or event.actual is not None:
+            detail = f" (expected {event.expected}, found {event.actual})"
+        out.append(
+            Violation(
+                Code.POISONED_KEY,
+                seq,
+                f"store key {event.key!r} holds KV that is not the KV of its tokens{detail}",
+                chain_of(*self.key_writers.get(event.key, ())),
+                key=event.key,
+            )
+        )
+
+    def _on_load_verified(self, seq: int, event: ev.LoadVerified, out: Out) -> None:
+        if self._incarnation(seq, event.kind, event.req, event.gen, out) is None:
+            return
+        if event.ok:
+            return
+        out.append(
+            Violation(
+                Code.WRONG_KV_LOADED,
+                seq,
+                f"{event.req}/{event.gen} loaded {event.key!r} and got KV that is not "
+                "what the key names",
+                chain_of(*self.key_writers.get(event.key, ())),
+                req=event.req,
+                gen=event.gen,
+                key=event.key,
+            )
+        )
+
+    # -- views -------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ledger as plain data (for ``--at`` and the inspector)."""
+        return {
+            "step": self.step,
+            "records": self.records,
+            "requests": {
+                req: {str(g): inc.to_dict() for g, inc in sorted(r.incarnations.items())}
+                for req, r in sorted(self.requests.items())
+            },
+            "blocks": {
+                str(b): s.to_dict() for b, s in sorted(self.blocks.items()) if s.refs or s.epoch
+            },
+            "jobs": {str(j): s.to_dict() for j, s in sorted(self.jobs.items())},
+            "ranks": {str(r): rl.to_dict() for r, rl in sorted(self.ranks.items())},
+        }

@@ -1,0 +1,435 @@
+"""The per-rank fold: what one worker rank knows, and the checks that need
+only that.
+
+A :class:`RankLedger` applies the worker-side records of one rank. It is used
+twice, which is the point: the reference :class:`~kvstate.ledger.Ledger` keeps
+one per rank while replaying a journal, and a live
+:class:`~kvstate.worker.WorkerLedger` keeps one for its own rank. Liveness,
+staleness and every rank-local invariant are therefore defined once, here.
+
+The rank learns what a job is (its request, generation and key chain) from a
+``jobs`` mapping it is given: the reference ledger's enqueued jobs during
+replay, the connector's metadata in a live worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from . import events as ev
+from .state import RankJobState, StoreRequestState
+from .violations import Code, Violation, chain_of
+
+
+class JobInfo(Protocol):
+    """What a rank must know about a job to judge its records."""
+
+    job: int
+    req: str
+    gen: int
+    keys: tuple[str, ...]
+    parent: str | None
+    enqueued_seq: int | None
+
+
+Out = list[Violation]
+
+
+class RankLedger:
+    """The folded state of one rank: its jobs and its per-request state."""
+
+    def __init__(self, rank: int, jobs: Mapping[int, JobInfo]) -> None:
+        self.rank = rank
+        self._info = jobs
+        self.jobs: dict[int, RankJobState] = {}
+        self.requests: dict[str, StoreRequestState] = {}
+        #: (req, gen) -> seq of the preemption_seen that ended it on this rank
+        self.ended: dict[tuple[str, int], int] = {}
+        #: (req, gen) -> (last saved offset, its seq), for OFFSET_REWOUND
+        self.offsets: dict[tuple[str, int], tuple[int, int]] = {}
+        #: (req, gen) -> jobs of that incarnation received here
+        self.by_incarnation: dict[tuple[str, int], list[int]] = {}
+        self._dispatch: dict[type, Callable[[int, Any, Out], RankJobState | None]] = {
+            ev.JobReceived: self._on_received,
+            ev.PreemptionSeen: self._on_preemption_seen,
+            ev.JobStarted: self._on_started,
+            ev.JobSkipped: self._on_skipped,
+            ev.DmaStarted: self._on_dma,
+            ev.DmaDone: self._on_dma,
+            ev.PutDone: self._on_put,
+            ev.PutFailed: self._on_put,
+            ev.OffsetSaved: self._on_offset_saved,
+            ev.RequestMarkedSkipped: self._on_marked_skipped,
+            ev.RetryTokensSet: self._on_retry_set,
+            ev.RetryTokensCleared: self._on_retry_cleared,
+            ev.KvBlockStored: self._on_kv_block_stored,
+            ev.RequestRetired: self._on_retired,
+            ev.JobReported: self._on_reported,
+        }
+
+    # -- decisions (functions of folded state) --------------------------------------
+
+    def stale_since(self, info: JobInfo) -> int | None:
+        """The seq from which ``info``'s job is stale on this rank, or None if it is not.
+
+        Stale: the rank saw ``preemption_seen`` for the job's incarnation, or
+        it has seen a newer generation of the same request.
+        """
+        state = self.requests.get(info.req)
+        if state is not None and info.gen < state.gen:
+            return state.gen_seq
+        return self.ended.get((info.req, info.gen))
+
+    def is_live(self, job: int) -> bool:
+        """Registered here, of the newest generation, not ended, not yet reported."""
+        info = self._info.get(job)
+        if info is None:
+            return False
+        state = self.requests.get(info.req)
+        return state is not None and job in state.live_jobs
+
+    def pending_jobs(self, req: str, gen: int) -> list[int]:
+        """Jobs of ``(req, gen)`` received on this rank and not reported yet."""
+        return [
+            job
+            for job in self.by_incarnation.get((req, gen), ())
+            if self.jobs[job].reported_seq is None
+        ]
+
+    # -- the fold ----------------------------------------------------------------------
+
+    def apply(self, seq: int, event: ev.Event, out: Out) -> RankJobState | None:
+        """Fold one worker record of this rank; breaches are appended to ``out``.
+
+        Returns the rank's state of the job the record names, if any.
+        """
+        return self._dispatch[type(event)](seq, event, out)
+
+    def _job(self, seq: int, event: Any, out: Out) -> tuple[JobInfo, RankJobState] | None:
+        """The job a record names; flags an unknown or unregistered job."""
+        info = self._info.get(event.job)
+        if info is None:
+            out.append(
+                Violation(
+                    Code.CAUSALITY,
+                    seq,
+                    f"{event.kind} on rank {self.rank} names job {event.job}, "
+                    "which was never enqueued",
+                    job=event.job,
+                    rank=self.rank,
+                )
+            )
+            return None
+        rj = self.jobs.get(event.job)
+        if rj is None or rj.received_seq is None:
+            out.append(
+                Violation(
+                    Code.UNLEDGERED_JOB,
+                    seq,
+                    f"{event.kind} for job {event.job} on rank {self.rank} before the rank "
+                    "registered it (job_received): it ran unledgered",
+                    chain_of(info.enqueued_seq),
+                    job=event.job,
+                    req=info.req,
+                    gen=info.gen,
+                    rank=self.rank,
+                )
+            )
+            if rj is None:
+                rj = self._track(info, RankJobState(event.job, self.rank))
+        return info, rj
+
+    def _track(self, info: JobInfo, rj: RankJobState) -> RankJobState:
+        self.jobs[info.job] = rj
+        self.by_incarnation.setdefault((info.req, info.gen), []).append(info.job)
+        return rj
+
+    def _on_received(self, seq: int, event: ev.JobReceived, out: Out) -> RankJobState | None:
+        info = self._info.get(event.job)
+        if info is None:
+            self._job(seq, event, out)  # flags the unknown job
+            return None
+        rj = self.jobs.get(event.job)
+        if rj is not None and rj.received_seq is not None:
+            out.append(
+                Violation(
+                    Code.DUPLICATE_RECEIVE,
+                    seq,
+                    f"job {event.job} received twice on rank {self.rank}",
+                    chain_of(rj.received_seq),
+                    job=event.job,
+                    rank=self.rank,
+                )
+            )
+            return rj
+        if rj is None:
+            rj = self._track(info, RankJobState(event.job, self.rank, received_seq=seq))
+        else:  # records arrived before the registration; they were flagged then
+            rj.received_seq = seq
+        state = self.requests.get(info.req)
+        if state is None or info.gen > state.gen:
+            # A newer generation replaces the request's state wholesale: the
+            # old generation's jobs are no longer in live_jobs, so they can
+            # neither retire it nor write its offset (the req_id ABA).
+            state = StoreRequestState(info.req, info.gen, seq)
+            self.requests[info.req] = state
+        if info.gen == state.gen and (info.req, info.gen) not in self.ended:
+            state.live_jobs.add(event.job)
+        return rj
+
+    def _on_preemption_seen(self, seq: int, event: ev.PreemptionSeen, out: Out) -> None:
+        self.ended.setdefault((event.req, event.gen), seq)
+        state = self.requests.get(event.req)
+        if state is None or event.gen > state.gen:
+            state = StoreRequestState(event.req, event.gen, seq)
+            self.requests[event.req] = state
+        if event.gen == state.gen:
+            # Like the fixed connector: the ended generation's ledger entry,
+            # offset and pressure mark go at once, so queued jobs turn stale.
+            state.live_jobs.clear()
+            state.saved_offset = 0
+            state.skipped = False
+            state.retry_tokens = None
+            state.ended = True
+        return None
+
+    def _on_started(self, seq: int, event: ev.JobStarted, out: Out) -> RankJobState | None:
+        found = self._job(seq, event, out)
+        if found is None:
+            return None
+        rj = found[1]
+        rj.phase, rj.started_seq = "started", seq
+        return rj
+
+    def _on_skipped(self, seq: int, event: ev.JobSkipped, out: Out) -> RankJobState | None:
+        found = self._job(seq, event, out)
+        if found is None:
+            return None
+        rj = found[1]
+        rj.phase, rj.skip_reason = "skipped", event.reason
+        return rj
+
+    def _on_dma(self, seq: int, event: ev.DmaStarted | ev.DmaDone, out: Out) -> RankJobState | None:
+        found = self._job(seq, event, out)
+        if found is None:
+            return None
+        rj = found[1]
+        rj.phase, rj.dma_seq = event.kind, seq
+        return rj
+
+    def _on_put(self, seq: int, event: ev.PutDone | ev.PutFailed, out: Out) -> RankJobState | None:
+        found = self._job(seq, event, out)
+        if found is None:
+            return None
+        rj = found[1]
+        rj.phase, rj.put_seq = event.kind, seq
+        rj.put_ok = type(event) is ev.PutDone
+        return rj
+
+    # -- effects: the records a stale job must never write ----------------------------
+
+    def _effect(self, seq: int, event: Any, out: Out) -> StoreRequestState | None:
+        """Common checks of the job-carrying effects; returns the state they change."""
+        found = self._job(seq, event, out)
+        if found is None:
+            return None
+        info, rj = found
+        if event.req != info.req:
+            out.append(
+                Violation(
+                    Code.CAUSALITY,
+                    seq,
+                    f"{event.kind} by job {info.job} names request {event.req!r}, "
+                    f"but the job belongs to {info.req!r}",
+                    chain_of(info.enqueued_seq),
+                    job=info.job,
+                    req=event.req,
+                    rank=self.rank,
+                )
+            )
+            return None
+        stale = self.stale_since(info)
+        if stale is not None:
+            state = self.requests.get(info.req)
+            newest = state.gen if state is not None else info.gen
+            why = (
+                f"the rank had seen generation {newest}"
+                if newest > info.gen
+                else "the rank had seen it preempted or finished"
+            )
+            out.append(
+                Violation(
+                    Code.STALE_GENERATION,
+                    seq,
+                    f"{event.kind} by stale job {info.job} of {info.req}/{info.gen} on rank "
+                    f"{self.rank}: {why} (seq {stale})",
+                    chain_of(info.enqueued_seq, rj.received_seq, stale),
+                    job=info.job,
+                    req=info.req,
+                    gen=info.gen,
+                    rank=self.rank,
+                )
+            )
+        state = self.requests.get(info.req)
+        if state is None:
+            state = StoreRequestState(info.req, info.gen, seq)
+            self.requests[info.req] = state
+        # Applied even when stale: the reference ledger records what the
+        # engine did, so the damage (a rewound offset of the new generation)
+        # is visible in --at and the inspector.
+        return state
+
+    def _on_offset_saved(self, seq: int, event: ev.OffsetSaved, out: Out) -> None:
+        state = self._effect(seq, event, out)
+        if state is None:
+            return None
+        gen = self._info[event.job].gen
+        last = self.offsets.get((event.req, gen))
+        if last is not None and event.offset < last[0]:
+            out.append(
+                Violation(
+                    Code.OFFSET_REWOUND,
+                    seq,
+                    f"rank {self.rank} saved offset {event.offset} for {event.req}/{gen}, "
+                    f"below its earlier {last[0]}",
+                    chain_of(last[1]),
+                    job=event.job,
+                    req=event.req,
+                    gen=gen,
+                    rank=self.rank,
+                )
+            )
+        self.offsets[(event.req, gen)] = (event.offset, seq)
+        state.saved_offset = event.offset
+        return None
+
+    def _on_marked_skipped(self, seq: int, event: ev.RequestMarkedSkipped, out: Out) -> None:
+        state = self._effect(seq, event, out)
+        if state is not None:
+            state.skipped = True
+        return None
+
+    def _on_retry_set(self, seq: int, event: ev.RetryTokensSet, out: Out) -> None:
+        state = self._effect(seq, event, out)
+        if state is not None:
+            state.retry_tokens = (event.start, event.count)
+        return None
+
+    def _on_retry_cleared(self, seq: int, event: ev.RetryTokensCleared, out: Out) -> None:
+        state = self._effect(seq, event, out)
+        if state is not None:
+            state.retry_tokens = None
+        return None
+
+    def _on_retired(self, seq: int, event: ev.RequestRetired, out: Out) -> None:
+        state = self.requests.get(event.req)
+        if state is not None and event.gen < state.gen:
+            out.append(
+                Violation(
+                    Code.STALE_GENERATION,
+                    seq,
+                    f"rank {self.rank} retired {event.req}/{event.gen} after it had seen "
+                    f"generation {state.gen} (seq {state.gen_seq})",
+                    chain_of(state.gen_seq),
+                    req=event.req,
+                    gen=event.gen,
+                    rank=self.rank,
+                )
+            )
+        pending = self.pending_jobs(event.req, event.gen)
+        if pending:
+            first = self.jobs[pending[0]]
+            listed = ", ".join(map(str, pending))
+            out.append(
+                Violation(
+                    Code.PREMATURE_RETIRE,
+                    seq,
+                    f"rank {self.rank} retired {event.req}/{event.gen} while job(s) {listed} "
+                    "received there were not reported",
+                    chain_of(*(self.jobs[j].received_seq for j in pending)),
+                    job=first.job,
+                    req=event.req,
+                    gen=event.gen,
+                    rank=self.rank,
+                )
+            )
+        if state is not None and event.gen == state.gen:
+            state.retired = True
+        return None
+
+    # -- KV events and the report --------------------------------------------------------
+
+    def _on_kv_block_stored(
+        self, seq: int, event: ev.KvBlockStored, out: Out
+    ) -> RankJobState | None:
+        found = self._job(seq, event, out)
+        if found is None:
+            return None
+        info, rj = found
+        keys = info.keys
+        if event.key in keys:
+            i = keys.index(event.key)
+            expected = keys[i - 1] if i else info.parent
+            if event.parent != expected:
+                out.append(
+                    Violation(
+                        Code.PARENT_CHAIN_BROKEN,
+                        seq,
+                        f"KV event for {event.key!r} names parent {event.parent!r}; the "
+                        f"request's hash chain says {expected!r}",
+                        chain_of(info.enqueued_seq),
+                        job=info.job,
+                        req=info.req,
+                        gen=info.gen,
+                        rank=self.rank,
+                        key=event.key,
+                    )
+                )
+        else:
+            out.append(
+                Violation(
+                    Code.PARENT_CHAIN_BROKEN,
+                    seq,
+                    f"KV event for {event.key!r}, which is not in job {info.job}'s key chain",
+                    chain_of(info.enqueued_seq),
+                    job=info.job,
+                    req=info.req,
+                    gen=info.gen,
+                    rank=self.rank,
+                    key=event.key,
+                )
+            )
+        return rj
+
+    def _on_reported(self, seq: int, event: ev.JobReported, out: Out) -> RankJobState | None:
+        found = self._job(seq, event, out)
+        if found is None:
+            return None
+        info, rj = found
+        rj.reports += 1
+        if rj.reported_seq is not None:
+            out.append(
+                Violation(
+                    Code.DOUBLE_REPORT,
+                    seq,
+                    f"job {info.job} reported a second time by rank {self.rank}",
+                    chain_of(rj.reported_seq),
+                    job=info.job,
+                    req=info.req,
+                    gen=info.gen,
+                    rank=self.rank,
+                )
+            )
+            return rj
+        rj.phase, rj.reported_seq = "reported", seq
+        state = self.requests.get(info.req)
+        if state is not None:
+            state.live_jobs.discard(info.job)
+        return rj
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "requests": {req: s.to_dict() for req, s in sorted(self.requests.items())},
+        }

@@ -1,0 +1,123 @@
+"""The recorder: gives each event its place in the journal.
+
+A :class:`Recorder` stamps an event with the next ``seq``, the caller's
+``step`` and a monotonic ``ts``, and appends it to a sink: a
+:class:`journal.JournalWriter` (which encodes and writes on its own thread)
+and/or an in-memory list. That is all the hot path does; no encoding and no
+disk I/O happen on the caller's thread.
+
+The first record of every journal is the ``journal_opened`` header, written
+by the recorder itself when it is created.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from journal import Journal, JournalWriter
+
+from .codec import Entry, to_record
+from .events import EVENT_TYPES, JournalOpened
+from .events import Event as _Event
+
+
+def journal_views() -> dict[str, tuple[str, ...]]:
+    """Field names per kind, for the journal's per-kind SQL views."""
+    views: dict[str, tuple[str, ...]] = {}
+    for kind, cls in EVENT_TYPES.items():
+        views[kind] = cls.payload_fields
+    return views
+
+
+class Recorder:
+    """Numbers events and hands them to the journal writer.
+
+    Thread-safe: the scheduler and every rank of one process may share a
+    recorder; ``seq`` order is then the order in which they recorded.
+    """
+
+    def __init__(
+        self,
+        header: JournalOpened,
+        writer: JournalWriter[Entry] | None = None,
+        *,
+        keep: bool = False,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.writer = writer
+        #: every entry recorded, when ``keep`` (tests, tools, small runs)
+        self.entries: list[Entry] | None = [] if keep else None
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._next_seq = 1
+        self.header = self.record(header, 0)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        block_size: int,
+        world_size: int,
+        background: bool = True,
+        keep: bool = False,
+        **descriptive: str,
+    ) -> Recorder:
+        """A recorder writing a new journal database at ``path``.
+
+        ``descriptive`` fields (``policy``, ``engine``, ``created``) go into
+        the ``journal_opened`` header.
+        """
+        journal = Journal(path)
+        if len(journal):
+            journal.close()
+            raise FileExistsError(f"{os.fspath(path)}: journal already has records")
+        journal.create_views(journal_views())
+        writer: JournalWriter[Entry] = JournalWriter(journal, to_record, background=background)
+        header = JournalOpened(
+            version=1, block_size=block_size, world_size=world_size, **descriptive
+        )
+        return cls(header, writer, keep=keep)
+
+    @classmethod
+    def in_memory(cls, *, block_size: int, world_size: int, **descriptive: str) -> Recorder:
+        """A recorder that keeps entries in :attr:`entries` only."""
+        header = JournalOpened(
+            version=1, block_size=block_size, world_size=world_size, **descriptive
+        )
+        return cls(header, None, keep=True)
+
+    def record(self, event: _Event, step: int) -> Entry:
+        """Append one event; returns its entry (with its seq)."""
+        with self._lock:
+            entry = Entry(self._next_seq, step, self._clock(), event)
+            self._next_seq += 1
+            if self.writer is not None:
+                self.writer.append(entry)
+            if self.entries is not None:
+                self.entries.append(entry)
+        return entry
+
+    def commit(self) -> None:
+        """End a group commit (an engine step): the batch goes to disk as one transaction."""
+        if self.writer is not None:
+            self.writer.commit()
+
+    def flush(self) -> None:
+        """Commit and wait until the journal holds every recorded event."""
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the journal."""
+        if self.writer is not None:
+            self.writer.close()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

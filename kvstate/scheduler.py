@@ -1,0 +1,231 @@
+"""The scheduler-side ledger a connector embeds.
+
+Method names follow vLLM's connector hooks. Each call appends one event to
+the journal and folds it into a :class:`~kvstate.ledger.Ledger`; every answer
+the connector asks for (which generation, which jobs may free their pins, is
+push work pending) is read from that folded state, never from a second copy.
+
+The two rules the upstream fixes arrived at are built in:
+
+* a store job pins every block it may read (copy-on-write tail blocks first)
+  until all ``world_size`` ranks have reported it, so preempting or finishing
+  the request cannot hand those blocks to someone else while a PUT reads them;
+* job ids come from one monotonic counter, never from the request id, which
+  is reused after resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from . import events as ev
+from .ledger import Ledger
+from .recorder import Recorder
+from .state import StoreJobState
+from .violations import Violation, raise_for
+
+
+class SchedulerLedger:
+    """Records and checks every scheduler-side transition.
+
+    With ``strict`` (the default) a call that breaks an invariant raises the
+    code's exception (a subclass of
+    :class:`~kvstate.violations.InvariantViolation`) right after its record
+    is journaled, so replay shows the same breach. Without it, violations
+    collect in :attr:`violations`.
+    """
+
+    def __init__(self, recorder: Recorder, *, strict: bool = True) -> None:
+        self.recorder = recorder
+        self.strict = strict
+        self.ledger = Ledger(observes_workers=False)
+        header = recorder.header
+        self.ledger.apply(header.seq, header.step, header.event)
+        self.block_size = self.ledger.block_size
+        self.world_size = self.ledger.world_size
+        self.violations: list[Violation] = []
+        self.step = 0
+        self._next_job = 0
+
+    # -- recording -----------------------------------------------------------------
+
+    def _emit(self, event: ev.Event) -> int:
+        entry = self.recorder.record(event, self.step)
+        found = self.ledger.apply(entry.seq, entry.step, event)
+        if found:
+            self.violations.extend(found)
+            if self.strict:
+                raise_for(found)
+        return entry.seq
+
+    def begin_step(self, step: int | None = None) -> int:
+        """Start the next engine step; the previous one's records are committed together."""
+        self.recorder.commit()
+        self.step = self.step + 1 if step is None else step
+        return self.step
+
+    # -- requests --------------------------------------------------------------------
+
+    def current_gen(self, req: str) -> int:
+        """The newest generation of ``req`` (KeyError if it was never admitted)."""
+        return self.ledger.requests[req].newest_gen
+
+    def _next_gen(self, req: str) -> int:
+        request = self.ledger.requests.get(req)
+        return 0 if request is None else request.newest_gen + 1
+
+    def admit(self, req: str, prompt_tokens: int, hashes: Sequence[str] | None = None) -> int:
+        """A new request (or a new incarnation of a finished id); returns its gen."""
+        gen = self._next_gen(req)
+        self._emit(ev.RequestAdmitted(req=req, gen=gen, prompt_tokens=prompt_tokens, hashes=hashes))
+        return gen
+
+    def resume(self, req: str) -> int:
+        """A preempted request runs again as a new, greater generation."""
+        gen = self._next_gen(req)
+        self._emit(ev.RequestResumed(req=req, gen=gen))
+        return gen
+
+    def preempt(self, req: str) -> None:
+        """The engine took the request's blocks back. Jobs keep their own pins."""
+        self._emit(ev.RequestPreempted(req=req, gen=self.current_gen(req)))
+
+    def request_finished(self, req: str, *, hold: bool = False, aborted: bool = False) -> None:
+        """Finish or abort; legal in any state, including after a preemption.
+
+        There is deliberately no lookup that could fail here: upstream's
+        ``assert tracker is not None`` crashed the engine on exactly this path.
+        """
+        self._emit(
+            ev.RequestFinished(req=req, gen=self.current_gen(req), hold=hold, aborted=aborted)
+        )
+
+    finish = request_finished
+
+    def release_held(self, req: str) -> None:
+        """Drop the refs a ``hold`` finish kept."""
+        self._emit(ev.HeldBlocksReleased(req=req, gen=self.current_gen(req)))
+
+    def assign_blocks(
+        self, req: str, blocks: Iterable[int], *, resumed: bool, cached: Iterable[int] = ()
+    ) -> None:
+        """Blocks the engine gave the request this step.
+
+        ``resumed`` must be the engine's own flag (vLLM's
+        ``scheduled_cached_reqs.resumed_req_ids``): a resumed request's
+        ``new_block_ids`` is its whole table and replaces it; a running
+        request's is a delta and appends. A connector-local notion of
+        "preempted" drifted from the engine's and corrupted tables upstream.
+        """
+        self._emit(
+            ev.BlocksAssigned(
+                req=req,
+                gen=self.current_gen(req),
+                blocks=tuple(blocks),
+                mode="replace" if resumed else "append",
+                cached=tuple(cached),
+            )
+        )
+
+    def table(self, req: str) -> list[int]:
+        """The current block table of ``req``'s newest generation."""
+        return list(self.ledger.requests[req].current.table)
+
+    # -- store jobs --------------------------------------------------------------------
+
+    def enqueue_store_job(
+        self,
+        req: str,
+        token_start: int,
+        token_end: int,
+        keys: Sequence[str],
+        *,
+        parent: str | None = None,
+        cow_blocks: Sequence[int] = (),
+        reads: Sequence[int] | None = None,
+    ) -> int:
+        """Create a store job for the request's current generation; returns its id.
+
+        The job pins every block of the table, not only those of its token
+        range: a rank resumes from its own saved offset, which may lag, and
+        then reads lower blocks. Copy-on-write tail blocks (outside the
+        table) come first, so the tail-first release frees them last.
+        ``reads`` defaults to the blocks covering ``[0, token_end)`` plus the
+        copy-on-write blocks.
+        """
+        request = self.ledger.requests[req]
+        table = request.current.table
+        if reads is None:
+            covered = -(-token_end // self.block_size)
+            reads = (*cow_blocks, *table[:covered])
+        job = self._next_job
+        self._next_job += 1
+        pins = (*cow_blocks, *table)
+        self._emit(
+            ev.JobEnqueued(
+                job=job,
+                req=req,
+                gen=request.newest_gen,
+                token_start=token_start,
+                token_end=token_end,
+                reads=tuple(reads),
+                pins=pins,
+                keys=tuple(keys),
+                world_size=self.world_size,
+                parent=parent,
+            )
+        )
+        return job
+
+    def job(self, job: int) -> StoreJobState:
+        """The folded state of one job."""
+        return self.ledger.jobs[job]
+
+    def update_connector_output(self, completed: Mapping[int, int]) -> None:
+        """Consume the completion counts of one step, aggregated over ranks."""
+        for job, count in sorted(completed.items()):
+            if count:
+                self._emit(ev.CompletionsReceived(job=job, count=count))
+
+    def releasable_jobs(self) -> list[tuple[int, tuple[int, ...]]]:
+        """Jobs every rank has reported, with their pins in tail-first order.
+
+        Tail first, like the engine's own frees: the shared prefix goes back
+        to the free queue last and so stays cached longest.
+        """
+        jobs = self.ledger.jobs
+        ready = []
+        for job in self.ledger.pinned:
+            state = jobs[job]
+            if state.completions >= state.world_size:
+                ready.append((job, tuple(reversed(state.pins))))
+        return ready
+
+    def release_pins(self, job: int) -> tuple[int, ...]:
+        """Release one job's pins (tail first); returns the blocks to free, in order."""
+        blocks = tuple(reversed(self.ledger.jobs[job].pins))
+        self._emit(ev.PinsReleased(job=job, blocks=blocks))
+        return blocks
+
+    def release_ready(self) -> list[tuple[int, tuple[int, ...]]]:
+        """Release every releasable job; returns ``(job, blocks)`` for the pool to free."""
+        return [(job, self.release_pins(job)) for job, _ in self.releasable_jobs()]
+
+    def has_pending_push_work(self) -> bool:
+        """True while a job still pins blocks.
+
+        Completions travel only with step outputs, so the engine must keep
+        stepping until every pin is released or they would be held forever.
+        """
+        return bool(self.ledger.pinned)
+
+    # -- the engine --------------------------------------------------------------------
+
+    def crashed(self, error: str) -> None:
+        """The engine died. Recorded before the strict-mode raise, like any breach."""
+        self._emit(ev.EngineCrashed(error=error))
+
+    def idle(self) -> None:
+        """The engine stopped with no work left: quiescence checks run now."""
+        self._emit(ev.EngineIdle())
+        self.recorder.commit()

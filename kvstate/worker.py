@@ -1,0 +1,262 @@
+"""The worker-side ledger a connector embeds, one per rank.
+
+The sending thread's bookkeeping from the fixed upstream connector, as an
+API: register a job *before* queueing it, check liveness when it is dequeued,
+and run it inside :meth:`WorkerLedger.run`, whose single ``finally`` reports
+the job exactly once on every path out: success, skip, put failure or an
+exception anywhere in the body. Effects on request state (resume offset,
+pressure mark, retry tokens) are refused for a job that is no longer live, so
+a stale job can never touch a reused request id.
+
+All state is a :class:`~kvstate.rank.RankLedger` folded from this rank's own
+records, the same fold replay uses.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+
+import attrs
+
+from . import events as ev
+from .rank import RankLedger
+from .recorder import Recorder
+from .violations import Violation, raise_for
+
+
+@attrs.frozen(slots=True)
+class JobSpec:
+    """What a rank knows about a job, from the scheduler's metadata."""
+
+    job: int
+    req: str
+    gen: int
+    keys: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    parent: str | None = None
+    #: a worker does not see the scheduler's journal; chains omit the enqueue
+    enqueued_seq: None = None
+
+
+class _Skip(Exception):
+    """Raised by :meth:`JobRun.skip` to leave the job body; swallowed by ``run``."""
+
+
+class WorkerLedger:
+    """Records and checks the transitions of one rank.
+
+    Thread-safe: registration and preemption notices come from the worker's
+    main thread while jobs run on the sending thread; one lock orders them,
+    like the connector's ``done_task_lock``.
+    """
+
+    def __init__(self, rank: int, recorder: Recorder, *, strict: bool = True) -> None:
+        self.rank = rank
+        self.recorder = recorder
+        self.strict = strict
+        self._specs: dict[int, JobSpec] = {}
+        self.state = RankLedger(rank, self._specs)
+        self.violations: list[Violation] = []
+        self.step = 0
+        self._completed: dict[int, int] = {}
+        self._lock = threading.RLock()
+
+    def _emit(self, event: ev.Event) -> None:
+        # Called with the lock held: the record and its fold are one step.
+        entry = self.recorder.record(event, self.step)
+        found: list[Violation] = []
+        self.state.apply(entry.seq, event, found)
+        if found:
+            self.violations.extend(found)
+            if self.strict:
+                raise_for(found)
+
+    def begin_step(self, step: int) -> None:
+        """The scheduler step whose metadata this rank is processing."""
+        self.step = step
+
+    # -- scheduler metadata ----------------------------------------------------------
+
+    def register(self, spec: JobSpec) -> None:
+        """Enter a job in the ledger. Call before putting it on the queue, so
+        no job is ever dequeued unledgered."""
+        with self._lock:
+            self._specs[spec.job] = spec
+            self._emit(ev.JobReceived(job=spec.job, rank=self.rank))
+
+    def preemption_seen(self, req: str, gen: int) -> None:
+        """``(req, gen)`` was preempted or finished: its queued jobs turn stale at once."""
+        with self._lock:
+            self._emit(ev.PreemptionSeen(req=req, gen=gen, rank=self.rank))
+
+    def is_live(self, job: int) -> bool:
+        """Registered, of the newest generation of its request, not ended, not reported."""
+        with self._lock:
+            return self.state.is_live(job)
+
+    def retire(self, req: str, gen: int) -> bool:
+        """Declare every save of ``(req, gen)`` done, if none is still outstanding here.
+
+        Returns False (and records nothing) while a job of that incarnation
+        has not been reported; the caller retries on a later step.
+        """
+        with self._lock:
+            if self.state.pending_jobs(req, gen):
+                return False
+            self._emit(ev.RequestRetired(req=req, gen=gen, rank=self.rank))
+            return True
+
+    # -- running a job -----------------------------------------------------------------
+
+    def run(self, job: int) -> JobRun:
+        """Context manager for one dequeued job; see :class:`JobRun`."""
+        return JobRun(self, job)
+
+    def _report(self, job: int) -> None:
+        with self._lock:
+            self._completed[job] = self._completed.get(job, 0) + 1
+            self._emit(ev.JobReported(job=job, rank=self.rank))
+
+    # -- completions -------------------------------------------------------------------
+
+    def take_completed(self) -> dict[int, int]:
+        """Completion counts since the last call (this rank's worker metadata)."""
+        with self._lock:
+            done, self._completed = self._completed, {}
+            return done
+
+    @staticmethod
+    def aggregate(metas: Iterable[Mapping[int, int]]) -> dict[int, int]:
+        """Sum per-job completion counts over ranks, as the engine's output aggregator does."""
+        total: dict[int, int] = {}
+        for meta in metas:
+            for job, count in meta.items():
+                total[job] = total.get(job, 0) + count
+        return total
+
+
+class JobRun:
+    """One job on one rank, from dequeue to report.
+
+    Entering checks liveness: a live job records ``job_started``; a stale one
+    records ``job_skipped`` (``stale``) and the body must do nothing (check
+    :attr:`live`). Leaving always records ``job_reported``, exactly once,
+    whatever happened inside; an exception is recorded as a skip with reason
+    ``error`` (unless a put outcome was already recorded) and then propagates.
+
+    ::
+
+        with worker.run(job) as run:
+            if not run.live:
+                return
+            run.dma_started()
+            ...
+            run.put_done(stored=2, existed=0)
+            run.save_offset(32)
+    """
+
+    def __init__(self, worker: WorkerLedger, job: int) -> None:
+        self.worker = worker
+        self.job = job
+        self.live = False
+        self._outcome = False  # a skip or a put result has been recorded
+
+    def __enter__(self) -> JobRun:
+        w = self.worker
+        with w._lock:
+            self.live = w.state.is_live(self.job)
+            if self.live:
+                w._emit(ev.JobStarted(job=self.job, rank=w.rank))
+            else:
+                self._outcome = True
+                w._emit(ev.JobSkipped(job=self.job, rank=w.rank, reason="stale"))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        try:
+            if exc_type is not None and exc_type is not _Skip and not self._outcome:
+                self._record(ev.JobSkipped(job=self.job, rank=self.worker.rank, reason="error"))
+        finally:
+            # The one exit every path passes: a job that is never reported
+            # keeps its pins for the rest of the run.
+            self.worker._report(self.job)
+        return exc_type is _Skip
+
+    def _record(self, event: ev.Event) -> None:
+        with self.worker._lock:
+            self.worker._emit(event)
+
+    def _effect(self, event: ev.Event) -> bool:
+        # Liveness is re-checked at the moment of the effect: a preemption
+        # notice may have arrived on the other thread since the job started.
+        w = self.worker
+        with w._lock:
+            if not w.state.is_live(self.job):
+                return False
+            w._emit(event)
+            return True
+
+    # -- the transfer ------------------------------------------------------------------
+
+    def skip(self, reason: str) -> None:
+        """End the job without a store call (``pressure``, ``empty``, ...); leaves the body."""
+        self._outcome = True
+        self._record(ev.JobSkipped(job=self.job, rank=self.worker.rank, reason=reason))
+        raise _Skip
+
+    def dma_started(self) -> None:
+        self._record(ev.DmaStarted(job=self.job, rank=self.worker.rank))
+
+    def dma_done(self, digest: str | int | None = None) -> None:
+        self._record(ev.DmaDone(job=self.job, rank=self.worker.rank, digest=digest))
+
+    def put_done(self, stored: int, existed: int) -> None:
+        self._outcome = True
+        self._record(
+            ev.PutDone(job=self.job, rank=self.worker.rank, stored=stored, existed=existed)
+        )
+
+    def put_failed(self, error: str) -> None:
+        self._outcome = True
+        self._record(ev.PutFailed(job=self.job, rank=self.worker.rank, error=error))
+
+    def kv_block_stored(self, key: str, parent: str | None) -> None:
+        self._record(ev.KvBlockStored(job=self.job, rank=self.worker.rank, key=key, parent=parent))
+
+    # -- effects (refused for stale jobs) ------------------------------------------------
+
+    @property
+    def _req(self) -> str:
+        return self.worker._specs[self.job].req
+
+    def save_offset(self, offset: int) -> bool:
+        """Advance this rank's resume offset for the request; False if the job is stale."""
+        return self._effect(
+            ev.OffsetSaved(job=self.job, rank=self.worker.rank, req=self._req, offset=offset)
+        )
+
+    def mark_skipped(self) -> bool:
+        """Mark the request skipped under pressure; False if the job is stale."""
+        return self._effect(
+            ev.RequestMarkedSkipped(job=self.job, rank=self.worker.rank, req=self._req)
+        )
+
+    def set_retry_tokens(self, start: int, count: int) -> bool:
+        """Keep a token suffix for a KV-event retry; False if the job is stale."""
+        return self._effect(
+            ev.RetryTokensSet(
+                job=self.job, rank=self.worker.rank, req=self._req, start=start, count=count
+            )
+        )
+
+    def clear_retry_tokens(self) -> bool:
+        """Drop the retry state; False if the job is stale."""
+        return self._effect(
+            ev.RetryTokensCleared(job=self.job, rank=self.worker.rank, req=self._req)
+        )
