@@ -1,0 +1,133 @@
+"""The ``kvstate`` command line.
+
+Exit statuses follow spec section 7: 0 clean, 1 at least one violation,
+2 unusable input (the message names the file and line or seq). No command
+prints a traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from journal import Journal, JournalError, RecordError, write_jsonl
+from kvstate.codec import to_record
+from kvstate.recorder import journal_views
+
+from .engine import replay
+from .report import print_report
+from .sources import read_path
+
+EXIT_CLEAN = 0
+EXIT_VIOLATIONS = 1
+EXIT_UNUSABLE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 too; keep its usage line
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_UNUSABLE, f"kvstate: error: {message}\n")
+
+
+def _unusable(exc: Exception, *, as_json: bool) -> int:
+    message = str(exc)
+    print(f"kvstate: error: {message}", file=sys.stderr)
+    if as_json:
+        out: dict[str, object] = {"verdict": "unusable", "error": message}
+        if isinstance(exc, RecordError):
+            out.update(
+                {k: v for k, v in (("file", exc.path), ("line", exc.line), ("seq", exc.seq)) if v}
+            )
+        print(json.dumps(out))
+    return EXIT_UNUSABLE
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    try:
+        result = replay(args.paths, at=args.at)
+    except (JournalError, OSError) as exc:
+        return _unusable(exc, as_json=args.json)
+    if args.json:
+        json.dump(result.to_dict(), sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        print_report(result)
+    return result.exit_status
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """JSON Lines <-> journal database, record for record."""
+    src, dst = args.source, args.destination
+    try:
+        if os.path.exists(dst):
+            raise JournalError(f"{dst}: already exists; refusing to overwrite")
+        entries = (item.entry for item in read_path(src))
+        if dst.endswith((".jsonl", ".ndjson", ".json")):
+            n = write_jsonl((to_record(e) for e in entries), dst)
+        else:
+            with Journal(dst) as journal:
+                journal.create_views(journal_views())
+                batch = []
+                n = 0
+                for entry in entries:
+                    batch.append(to_record(entry))
+                    if len(batch) == 4096:
+                        n += journal.append(batch)
+                        batch = []
+                n += journal.append(batch)
+    except (JournalError, OSError) as exc:
+        if os.path.exists(dst) and not args.keep_partial:
+            os.unlink(dst)
+        return _unusable(exc, as_json=False)
+    print(f"wrote {n} records to {dst}")
+    return EXIT_CLEAN
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="kvstate",
+        description="Journal, replay and check the lifecycle of KV-cache store jobs.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser(
+        "replay",
+        help="fold a journal and report every violation (exit 0 clean, 1 violations, 2 bad input)",
+        description="Replay journal databases or JSON Lines files. Several paths are one run "
+        "from several processes, merged by ts (else in the order given).",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="journal database or .jsonl file")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p.add_argument("--at", type=int, metavar="SEQ", help="print the ledger as it stood after SEQ")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser(
+        "convert",
+        help="convert between JSON Lines and a journal database",
+        description="Copy every record from SOURCE to DESTINATION. A destination ending in "
+        ".jsonl is written as JSON Lines, anything else as a journal database.",
+    )
+    p.add_argument("source")
+    p.add_argument("destination")
+    p.add_argument("--keep-partial", action="store_true", help="keep DESTINATION on error")
+    p.set_defaults(func=cmd_convert)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `kvstate replay ... | head`: the reader left; that is not an error.
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

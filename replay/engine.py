@@ -1,0 +1,102 @@
+"""Replay: fold a journal into the reference ledger and collect the verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from journal import RecordError
+from kvstate.ledger import Ledger
+from kvstate.violations import Violation
+
+from .sources import Located, Origin, open_stream
+
+
+@attrs.define
+class ReplayResult:
+    """What replay found. ``ledger`` is the state after the last record folded."""
+
+    paths: list[str]
+    ledger: Ledger
+    events: int
+    violations: list[Violation]
+    warnings: list[Violation]
+    at: int | None = None
+    origin: Origin | None = None
+
+    @property
+    def verdict(self) -> str:
+        return "violations" if self.violations else "clean"
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.violations else 0
+
+    def where(self, seq: int) -> dict[str, Any]:
+        """File and own seq of a position, for merged journals (empty otherwise)."""
+        if self.origin is None:
+            return {}
+        path, own = self.origin.of(seq)
+        return {"file": path, "file_seq": own}
+
+    def finding_dict(self, violation: Violation) -> dict[str, Any]:
+        return {**violation.to_dict(), **self.where(violation.seq)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of spec section 7 (plus ``at`` / ``ledger`` with ``--at``)."""
+        out: dict[str, Any] = {
+            "verdict": self.verdict,
+            "events": self.events,
+            "violations": [self.finding_dict(v) for v in self.violations],
+            "warnings": [self.finding_dict(w) for w in self.warnings],
+        }
+        if len(self.paths) > 1:
+            out["merged"] = list(self.paths)
+        if self.at is not None:
+            out["at"] = self.at
+            out["ledger"] = self.ledger.to_dict()
+        return out
+
+
+def fold_located(
+    items: Iterable[Located], *, at: int | None = None
+) -> tuple[Ledger, int, list[Violation], list[Violation]]:
+    """Fold records in order, stopping after seq ``at`` when given."""
+    ledger = Ledger()
+    violations: list[Violation] = []
+    warnings: list[Violation] = []
+    events = 0
+    for item in items:
+        entry = item.entry
+        if at is not None and entry.seq > at:
+            break
+        try:
+            found = ledger.apply(entry.seq, entry.step, entry.event)
+        except RecordError as exc:
+            raise exc.located(path=item.path, line=item.line, seq=item.seq) from None
+        events += 1
+        for v in found:
+            (warnings if v.is_warning else violations).append(v)
+    if ledger.header is None:
+        raise RecordError("journal is empty: no journal_opened record")
+    return ledger, events, violations, warnings
+
+
+def replay(paths: Sequence[str], *, at: int | None = None) -> ReplayResult:
+    """Replay one journal, or several merged, and return the verdict.
+
+    Raises :class:`journal.RecordError` / :class:`journal.JournalError` (and
+    ``OSError``) for unusable input; the CLI maps them to exit status 2.
+    """
+    if not paths:
+        raise RecordError("no journal given")
+    stream, origin = open_stream(list(paths))
+    try:
+        ledger, events, violations, warnings = fold_located(stream, at=at)
+    except RecordError as exc:
+        if exc.path is None:
+            raise exc.located(path=", ".join(paths)) from None
+        raise
+    return ReplayResult(list(paths), ledger, events, violations, warnings, at, origin)

@@ -1,0 +1,104 @@
+"""Reading journals for replay: databases or JSON Lines, one or several.
+
+Several paths are one run written by several processes (the scheduler and
+one per rank). They are merged by ``ts`` when every file's records carry it,
+else concatenated in the order given. A merged stream is renumbered 1..N in
+merged order so that seqs stay unique; :class:`Origin` maps each position
+back to its file and own seq.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from array import array
+from collections.abc import Iterator, Sequence
+
+import attrs
+
+from journal import Journal, RecordError, is_journal_file, read_jsonl_lines
+from kvstate.codec import Entry, from_record
+
+
+@attrs.frozen(slots=True)
+class Located:
+    """An entry and where it was read: file, own seq, and line for JSON Lines."""
+
+    entry: Entry
+    path: str
+    seq: int
+    line: int | None
+
+
+def read_path(path: str | os.PathLike[str]) -> Iterator[Located]:
+    """Stream and decode one journal file (database or JSON Lines)."""
+    name = os.fspath(path)
+    if not os.path.exists(name):
+        raise RecordError("no such file", path=name)
+    if os.path.isdir(name):
+        raise RecordError("is a directory, not a journal", path=name)
+    if is_journal_file(name):
+        with Journal(name, readonly=True) as journal:
+            for record in journal.records():
+                yield Located(from_record(record, path=name), name, record.seq, None)
+    else:
+        for line, record in read_jsonl_lines(name):
+            yield Located(from_record(record, path=name, line=line), name, record.seq, line)
+
+
+class Origin:
+    """For a merged stream: position -> (file, own seq), kept compactly."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = list(paths)
+        self._file = array("l")
+        self._seq = array("q")
+
+    def add(self, file_index: int, seq: int) -> None:
+        self._file.append(file_index)
+        self._seq.append(seq)
+
+    def of(self, position: int) -> tuple[str, int]:
+        """File and own seq of a 1-based merged position."""
+        return self.paths[self._file[position - 1]], self._seq[position - 1]
+
+
+def _merge_by_ts(streams: list[Iterator[Located]]) -> Iterator[tuple[int, Located]]:
+    def keyed(index: int, stream: Iterator[Located]) -> Iterator[tuple[int, int, int, Located]]:
+        last_ts = 0
+        for order, item in enumerate(stream):
+            # A record without ts keeps its place after the file's previous one.
+            ts = item.entry.ts if item.entry.ts is not None else last_ts
+            last_ts = ts
+            yield ts, index, order, item
+
+    merged = heapq.merge(*(keyed(i, s) for i, s in enumerate(streams)))
+    for _ts, index, _order, item in merged:
+        yield index, item
+
+
+def _first_has_ts(path: str) -> bool:
+    for item in read_path(path):
+        return item.entry.ts is not None
+    return False
+
+
+def open_stream(paths: Sequence[str]) -> tuple[Iterator[Located], Origin | None]:
+    """The records of ``paths`` in replay order, and the origin map when merged."""
+    if len(paths) == 1:
+        return read_path(paths[0]), None
+    origin = Origin(paths)
+    by_ts = all(_first_has_ts(p) for p in paths)
+
+    def merged() -> Iterator[Located]:
+        streams = [read_path(p) for p in paths]
+        if by_ts:
+            pairs: Iterator[tuple[int, Located]] = _merge_by_ts(streams)
+        else:
+            pairs = ((i, item) for i, s in enumerate(streams) for item in s)
+        for position, (index, item) in enumerate(pairs, 1):
+            origin.add(index, item.seq)
+            entry = item.entry._replace(seq=position)
+            yield Located(entry, item.path, item.seq, item.line)
+
+    return merged(), origin
