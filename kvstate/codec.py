@@ -26,10 +26,17 @@ class Entry(NamedTuple):
 
 
 def event_payload(event: Event) -> dict[str, Any]:
-    """The payload of an event: its fields (tuples as lists) plus kept extras."""
+    """The payload of an event: its fields (tuples as lists) plus kept extras.
+
+    Optional fields at their default are left out: absent and default mean
+    the same in journal v1, and the stored form stays small.
+    """
     out: dict[str, Any] = {}
+    optional = event.optional_fields
     for name in event.payload_fields:
         value = getattr(event, name)
+        if name in optional and value == optional[name] and type(value) is type(optional[name]):
+            continue
         out[name] = list(value) if type(value) is tuple else value
     for name, value in event.extra.items():
         out.setdefault(name, value)

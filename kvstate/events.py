@@ -128,6 +128,8 @@ class Event:
     payload_fields: ClassVar[tuple[str, ...]] = ()
     #: payload fields that must be present in an input record
     required_fields: ClassVar[tuple[str, ...]] = ()
+    #: optional payload fields and their defaults (omitted from output when default)
+    optional_fields: ClassVar[dict[str, Any]] = {}
 
     extra: Mapping[str, Any] = attrs.field(default=_EMPTY, kw_only=True, repr=False)
 
@@ -141,6 +143,7 @@ def _kind(name: str, side: str):  # type: ignore[no-untyped-def]
         fields = [a for a in attrs.fields(cls) if a.name not in ("extra", "rank")]
         cls.payload_fields = tuple(a.name for a in fields)
         cls.required_fields = tuple(a.name for a in fields if a.default is attrs.NOTHING)
+        cls.optional_fields = {a.name: a.default for a in fields if a.default is not attrs.NOTHING}
         EVENT_TYPES[name] = cls
         return cls
 

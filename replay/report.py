@@ -55,7 +55,8 @@ def summary_line(result: ReplayResult) -> Text:
     if result.violations:
         counts = Counter(v.code for v in result.violations)
         by_code = ", ".join(
-            f"{code.value} ×{n}" for code, n in sorted(counts.items(), key=lambda c: CODE_ORDER[c[0]])
+            f"{code.value} ×{n}"
+            for code, n in sorted(counts.items(), key=lambda c: CODE_ORDER[c[0]])
         )
         text.append(f"{len(result.violations)} violation(s)", style="bold red")
         text.append(f" ({by_code})")
@@ -131,5 +132,17 @@ def render(result: ReplayResult) -> Group:
     return Group(*parts)
 
 
+def report_console() -> Console:
+    """A console for reports: the terminal's width, or a wide page when piped.
+
+    Rich assumes 80 columns when the output is not a terminal; messages then
+    wrap into narrow table cells that are hard to grep in CI logs.
+    """
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    return console
+
+
 def print_report(result: ReplayResult, console: Console | None = None) -> None:
-    (console or Console()).print(render(result))
+    (console or report_console()).print(render(result))

@@ -32,7 +32,9 @@ class JournalBuilder:
 
     # -- scenario helpers --------------------------------------------------------
 
-    def admit(self, req: str, gen: int = 0, blocks: list[int] | None = None, tokens: int = 8) -> int:
+    def admit(
+        self, req: str, gen: int = 0, blocks: list[int] | None = None, tokens: int = 8
+    ) -> int:
         seq = self.add("request_admitted", req=req, gen=gen, prompt_tokens=tokens)
         if blocks:
             self.add("blocks_assigned", req=req, gen=gen, blocks=blocks, mode="append")

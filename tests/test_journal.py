@@ -199,7 +199,9 @@ def test_jsonl_round_trip_preserves_every_record(tmp_path: Path) -> None:
         ('{"kind":"a","seq":5}\n{"kind":"a","seq":5}\n', 2, "does not increase"),
     ],
 )
-def test_jsonl_errors_name_file_and_line(tmp_path: Path, text: str, line: int, message: str) -> None:
+def test_jsonl_errors_name_file_and_line(
+    tmp_path: Path, text: str, line: int, message: str
+) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(text)
     with pytest.raises(RecordError) as info:
