@@ -102,9 +102,18 @@ class SchedulerLedger:
 
     finish = request_finished
 
-    def release_held(self, req: str) -> None:
-        """Drop the refs a ``hold`` finish kept."""
-        self._emit(ev.HeldBlocksReleased(req=req, gen=self.current_gen(req)))
+    def release_held(self, req: str, gen: int | None = None) -> None:
+        """Drop the refs a ``hold`` finish kept.
+
+        Without ``gen``, the newest incarnation of ``req`` that holds blocks:
+        a finished id may already have been admitted again, so the current
+        generation is not necessarily the one holding them.
+        """
+        if gen is None:
+            incarnations = self.ledger.requests[req].incarnations
+            held = [g for g, inc in incarnations.items() if inc.held]
+            gen = max(held) if held else self.current_gen(req)
+        self._emit(ev.HeldBlocksReleased(req=req, gen=gen))
 
     def assign_blocks(
         self, req: str, blocks: Iterable[int], *, resumed: bool, cached: Iterable[int] = ()
