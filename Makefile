@@ -11,7 +11,6 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
@@ -24,7 +23,7 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest
-	$(BIN)/python -O -m pytest -p no:cacheprovider -m "not slow"
+	$(BIN)/python -O -m pytest -p no:cacheprovider -W ignore::pytest.PytestConfigWarning
 	$(BIN)/ruff check .
 
 lint: setup

@@ -24,6 +24,10 @@ from .events import EVENT_TYPES, JournalOpened
 from .events import Event as _Event
 
 
+# Entry is a NamedTuple; building it from a tuple skips the generated __new__.
+_make_entry = Entry._make
+
+
 def journal_views() -> dict[str, tuple[str, ...]]:
     """Field names per kind, for the journal's per-kind SQL views."""
     views: dict[str, tuple[str, ...]] = {}
@@ -53,6 +57,13 @@ class Recorder:
         self._clock = clock
         self._lock = threading.Lock()
         self._next_seq = 1
+        # Chosen once, so the hot path makes no None checks.
+        sinks: list[Callable[[Entry], None]] = []
+        if writer is not None:
+            sinks.append(writer.append)
+        if self.entries is not None:
+            sinks.append(self.entries.append)
+        self._sinks = tuple(sinks)
         self.header = self.record(header, 0)
 
     @classmethod
@@ -91,15 +102,23 @@ class Recorder:
         return cls(header, None, keep=True)
 
     def record(self, event: _Event, step: int) -> Entry:
-        """Append one event; returns its entry (with its seq)."""
+        """Append one event; returns its entry (with its seq).
+
+        The lock makes seq order equal to append order when several threads
+        record; it is held for a counter increment and a list append only.
+        """
         with self._lock:
-            entry = Entry(self._next_seq, step, self._clock(), event)
-            self._next_seq += 1
-            if self.writer is not None:
-                self.writer.append(entry)
-            if self.entries is not None:
-                self.entries.append(entry)
+            seq = self._next_seq
+            self._next_seq = seq + 1
+            entry = _make_entry((seq, step, self._clock(), event))
+            for sink in self._sinks:
+                sink(entry)
         return entry
+
+    @property
+    def recorded(self) -> int:
+        """How many events were recorded, the header included."""
+        return self._next_seq - 1
 
     def commit(self) -> None:
         """End a group commit (an engine step): the batch goes to disk as one transaction."""

@@ -1,0 +1,131 @@
+"""How much a recorded transition costs the connector, measured in one run.
+
+The budget is about 2 microseconds per recorded transition on a 2-core
+machine. This drives the ledgers through complete job lifecycles (enqueue,
+register on every rank, run, report, completions, release) and prints the
+caller-side cost per recorded event:
+
+* single transitions on a live job (``dma_started``; ``save_offset``, an
+  effect with its liveness re-check), recorded and folded, no journal;
+* ``memory``: whole lifecycles, record + fold only (no journal);
+* ``journal``: the same with a journal database written by the background
+  writer (the caller only appends to a list; encoding and SQLite happen on
+  the writer thread, whose time is reported separately as ``flush``);
+* ``replay``: folding the written journal back (events per second).
+
+Run: ``python benchmarks/bench_hot_path.py [--jobs N]``. Numbers vary with
+the machine; compare the ratios printed by one run, not across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+from kvstate import JobSpec, Recorder, SchedulerLedger, WorkerLedger
+from kvstate.events import JournalOpened
+from replay import replay
+
+BUDGET_NS = 2_000
+WORLD = 2
+BLOCK = 16
+
+
+def lifecycle(recorder: Recorder, jobs: int) -> int:
+    """Run ``jobs`` complete store jobs; returns how many events were recorded."""
+    sched = SchedulerLedger(recorder)
+    workers = [WorkerLedger(r, recorder) for r in range(WORLD)]
+    for i in range(jobs):
+        req = f"r{i}"
+        sched.begin_step()
+        sched.admit(req, 4 * BLOCK)
+        sched.assign_blocks(req, [4 * (i % 64) + k for k in range(4)], resumed=False)
+        keys = [f"m@tp:0@{i:x}{k}" for k in range(4)]
+        job = sched.enqueue_store_job(req, 0, 4 * BLOCK, keys)
+        for w in workers:
+            w.register(JobSpec(job, req, sched.current_gen(req), keys))
+            with w.run(job) as run:
+                run.dma_started()
+                run.dma_done(digest=i)
+                run.put_done(stored=4, existed=0)
+                run.save_offset(4 * BLOCK)
+        sched.update_connector_output(WorkerLedger.aggregate(w.take_completed() for w in workers))
+        sched.release_ready()
+        sched.request_finished(req)
+        for w in workers:
+            w.preemption_seen(req, 0)
+            w.retire(req, 0)
+    sched.idle()
+    return count(recorder)
+
+
+def count(recorder: Recorder) -> int:
+    return recorder.recorded
+
+
+def single_transitions(n: int) -> dict[str, float]:
+    """ns per call of one worker transition and one effect, on a live job."""
+    rec = Recorder(JournalOpened(version=1, block_size=BLOCK, world_size=1))
+    sched = SchedulerLedger(rec)
+    worker = WorkerLedger(0, rec)
+    sched.admit("r", BLOCK)
+    sched.assign_blocks("r", [0], resumed=False)
+    job = sched.enqueue_store_job("r", 0, BLOCK, ["k"])
+    worker.register(JobSpec(job, "r", 0, ("k",)))
+    out = {}
+    with worker.run(job) as run:
+        for name, call in (("dma_started", run.dma_started), ("save_offset", run.save_offset)):
+            args = (BLOCK,) if name == "save_offset" else ()
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                call(*args)
+            out[name] = (time.perf_counter_ns() - t0) / n
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    args = parser.parse_args()
+
+    singles = single_transitions(50_000)
+    rec = Recorder(JournalOpened(version=1, block_size=BLOCK, world_size=WORLD))
+    t0 = time.perf_counter_ns()
+    lifecycle(rec, args.jobs)
+    memory_ns = time.perf_counter_ns() - t0
+    events = count(rec)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "bench.db")
+        rec = Recorder.open(path, block_size=BLOCK, world_size=WORLD)
+        t0 = time.perf_counter_ns()
+        lifecycle(rec, args.jobs)
+        journal_ns = time.perf_counter_ns() - t0
+        t0 = time.perf_counter_ns()
+        rec.close()
+        flush_ns = time.perf_counter_ns() - t0
+        size = os.path.getsize(path)
+        t0 = time.perf_counter_ns()
+        result = replay([path])
+        replay_ns = time.perf_counter_ns() - t0
+
+    per_memory = memory_ns / events
+    per_journal = journal_ns / events
+    for name, ns in singles.items():
+        print(f"{name:<12} {ns:8.0f} ns/transition  ({ns / BUDGET_NS:.2f} x the 2 us budget)")
+    print(f"{args.jobs} jobs x {WORLD} ranks, whole lifecycles: {events} recorded events")
+    print(f"memory   {per_memory:8.0f} ns/event  ({per_memory / BUDGET_NS:.2f} x the 2 us budget)")
+    print(f"journal  {per_journal:8.0f} ns/event  ({per_journal / BUDGET_NS:.2f} x the 2 us budget)")
+    print(f"         journal / memory = {per_journal / per_memory:.2f}")
+    print(f"flush    {flush_ns / 1e6:8.1f} ms after the run (writer catching up)")
+    print(f"journal  {size / events:8.1f} bytes/event on disk")
+    print(
+        f"replay   {events / (replay_ns / 1e9):8.0f} events/s "
+        f"({result.verdict}, {len(result.violations)} violations)"
+    )
+
+
+if __name__ == "__main__":
+    main()
