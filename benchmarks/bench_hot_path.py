@@ -116,8 +116,8 @@ def main() -> None:
     for name, ns in singles.items():
         print(f"{name:<12} {ns:8.0f} ns/transition  ({ns / BUDGET_NS:.2f} x the 2 us budget)")
     print(f"{args.jobs} jobs x {WORLD} ranks, whole lifecycles: {events} recorded events")
-    print(f"memory   {per_memory:8.0f} ns/event  ({per_memory / BUDGET_NS:.2f} x the 2 us budget)")
-    print(f"journal  {per_journal:8.0f} ns/event  ({per_journal / BUDGET_NS:.2f} x the 2 us budget)")
+    for name, per in (("memory", per_memory), ("journal", per_journal)):
+        print(f"{name:<8} {per:8.0f} ns/event  ({per / BUDGET_NS:.2f} x the 2 us budget)")
     print(f"         journal / memory = {per_journal / per_memory:.2f}")
     print(f"flush    {flush_ns / 1e6:8.1f} ms after the run (writer catching up)")
     print(f"journal  {size / events:8.1f} bytes/event on disk")

@@ -23,7 +23,6 @@ from .codec import Entry, to_record
 from .events import EVENT_TYPES, JournalOpened
 from .events import Event as _Event
 
-
 # Entry is a NamedTuple; building it from a tuple skips the generated __new__.
 _make_entry = Entry._make
 
