@@ -21,10 +21,11 @@ demo: setup
 	$(BIN)/kvstate replay examples/poisoned_read.jsonl || test $$? -eq 1
 	$(BIN)/kvstate replay examples/stale_generation.jsonl || test $$? -eq 1
 
+# ruff first, so the last line CI prints is pytest's summary.
 test: setup
-	$(BIN)/python -m pytest
-	$(BIN)/python -O -m pytest -p no:cacheprovider -W ignore::pytest.PytestConfigWarning
 	$(BIN)/ruff check .
+	$(BIN)/python -O -m pytest -p no:cacheprovider -W ignore::pytest.PytestConfigWarning
+	$(BIN)/python -m pytest
 
 lint: setup
 	$(BIN)/ruff check .
