@@ -153,7 +153,17 @@ def test_writer_failure_is_raised_and_nothing_is_lost(tmp_path: Path) -> None:
         writer.close()
 
 
-def test_follow_sees_records_another_connection_appends(tmp_path: Path) -> None:
+_APPENDER = """
+import sys, time
+from journal import Journal, Record
+with Journal(sys.argv[1]) as j:
+    for start in range(1, 50, 10):
+        j.append([Record(s, "tick", {"n": s}, 0) for s in range(start, start + 10)])
+        time.sleep(0.05)
+"""
+
+
+def test_follow_sees_records_another_process_appends(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     Journal(path).close()
     stop = threading.Event()
@@ -166,10 +176,8 @@ def test_follow_sees_records_another_connection_appends(tmp_path: Path) -> None:
 
     thread = threading.Thread(target=read)
     thread.start()
-    with Journal(path) as writer:
-        for start in range(1, 50, 10):
-            writer.append(recs(start, 10))
-            time.sleep(0.02)
+    writer = subprocess.run([sys.executable, "-c", _APPENDER, str(path)], capture_output=True)
+    assert writer.returncode == 0, writer.stderr
     deadline = time.monotonic() + 5
     while len(seen) < 50 and time.monotonic() < deadline:
         time.sleep(0.01)
