@@ -96,9 +96,9 @@ class SchedulerLedger:
         There is deliberately no lookup that could fail here: upstream's
         ``assert tracker is not None`` crashed the engine on exactly this path.
         """
-        self._emit(
-            ev.RequestFinished(req=req, gen=self.current_gen(req), hold=hold, aborted=aborted)
-        )
+        gen = self.current_gen(req)
+        hold = self._finish_hold(req, hold)
+        self._emit(ev.RequestFinished(req=req, gen=gen, hold=hold, aborted=aborted))
 
     finish = request_finished
 
@@ -131,7 +131,7 @@ class SchedulerLedger:
                 req=req,
                 gen=self.current_gen(req),
                 blocks=tuple(blocks),
-                mode="replace" if resumed else "append",
+                mode=self._assign_mode(req, resumed),
                 cached=tuple(cached),
             )
         )
@@ -163,13 +163,13 @@ class SchedulerLedger:
         copy-on-write blocks.
         """
         request = self.ledger.requests[req]
-        table = request.current.table
+        table = self._job_table(req)
         if reads is None:
             covered = -(-token_end // self.block_size)
             reads = (*cow_blocks, *table[:covered])
         job = self._next_job
         self._next_job += 1
-        pins = (*cow_blocks, *table)
+        pins = self._job_pins(cow_blocks, table)
         self._emit(
             ev.JobEnqueued(
                 job=job,
@@ -220,6 +220,11 @@ class SchedulerLedger:
         """Release every releasable job; returns ``(job, blocks)`` for the pool to free."""
         return [(job, self.release_pins(job)) for job, _ in self.releasable_jobs()]
 
+    def finished_sending(self, req: str) -> None:
+        """Every rank has finished saving ``req``. Nothing to do here: jobs hold
+        their own pins, so no block waits for this signal (the legacy policy
+        frees its delayed blocks at this point)."""
+
     def has_pending_push_work(self) -> bool:
         """True while a job still pins blocks.
 
@@ -227,6 +232,25 @@ class SchedulerLedger:
         stepping until every pin is released or they would be held forever.
         """
         return bool(self.ledger.pinned)
+
+    # -- policy: the decisions the upstream fixes changed --------------------------------
+    # kvstate.legacy overrides these with the old behaviours, for the bug zoo.
+
+    def _assign_mode(self, req: str, resumed: bool) -> str:
+        """Append or replace, from the engine's resumed flag only."""
+        return "replace" if resumed else "append"
+
+    def _job_table(self, req: str) -> list[int]:
+        """The table a new job reads: the engine's current one, whatever this step allocated."""
+        return self.ledger.requests[req].current.table
+
+    def _job_pins(self, cow_blocks: Sequence[int], table: Sequence[int]) -> tuple[int, ...]:
+        """Every block the job may read, copy-on-write tail blocks first."""
+        return (*cow_blocks, *table)
+
+    def _finish_hold(self, req: str, hold: bool) -> bool:
+        """Whether a finish keeps the table: only when the engine asks (jobs pin their own)."""
+        return hold
 
     # -- the engine --------------------------------------------------------------------
 

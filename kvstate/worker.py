@@ -15,7 +15,7 @@ records, the same fold replay uses.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 
 import attrs
@@ -117,6 +117,26 @@ class WorkerLedger:
         with self._lock:
             self._completed[job] = self._completed.get(job, 0) + 1
             self._emit(ev.JobReported(job=job, rank=self.rank))
+            self._after_report(job)
+
+    # -- policy: the decisions the upstream fixes changed --------------------------------
+    # kvstate.legacy overrides these with the old behaviours, for the bug zoo.
+
+    def _live_at_start(self, job: int) -> bool:
+        """The dequeue check: is the job's id among its request's live jobs?"""
+        return self.state.is_live(job)
+
+    def _effect_allowed(self, job: int) -> bool:
+        """Effects on request state only from a job that is live right now."""
+        return self.state.is_live(job)
+
+    def _kv_event_parents(self, spec: JobSpec, stored: Sequence[str]) -> list[str | None]:
+        """Each stored key's parent from the request's hash chain, whatever was deduplicated."""
+        position = {key: i for i, key in enumerate(spec.keys)}
+        return [spec.keys[position[k] - 1] if position[k] else spec.parent for k in stored]
+
+    def _after_report(self, job: int) -> None:
+        """Nothing: retiring is the caller's explicit :meth:`retire`."""
 
     # -- completions -------------------------------------------------------------------
 
@@ -165,7 +185,7 @@ class JobRun:
     def __enter__(self) -> JobRun:
         w = self.worker
         with w._lock:
-            self.live = w.state.is_live(self.job)
+            self.live = w._live_at_start(self.job)
             if self.live:
                 w._emit(ev.JobStarted(job=self.job, rank=w.rank))
             else:
@@ -197,7 +217,7 @@ class JobRun:
         # notice may have arrived on the other thread since the job started.
         w = self.worker
         with w._lock:
-            if not w.state.is_live(self.job):
+            if not w._effect_allowed(self.job):
                 return False
             w._emit(event)
             return True
@@ -228,6 +248,17 @@ class JobRun:
 
     def kv_block_stored(self, key: str, parent: str | None) -> None:
         self._record(ev.KvBlockStored(job=self.job, rank=self.worker.rank, key=key, parent=parent))
+
+    def publish_kv_events(self, stored: Sequence[str]) -> None:
+        """One KV event per key this rank actually stored (in chain order).
+
+        Parents come from the request's hash chain: when the store already
+        had some keys (dedup) the first stored key is not a root, which a
+        parent taken from store order would claim.
+        """
+        spec = self.worker._specs[self.job]
+        for key, parent in zip(stored, self.worker._kv_event_parents(spec, stored), strict=True):
+            self.kv_block_stored(key, parent)
 
     # -- effects (refused for stale jobs) ------------------------------------------------
 

@@ -13,12 +13,16 @@ import os
 import sys
 from collections.abc import Sequence
 
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
 from journal import Journal, JournalError, RecordError, write_jsonl
 from kvstate.codec import to_record
 from kvstate.recorder import journal_views
 
 from .engine import replay
-from .report import print_report
+from .report import print_report, report_console
 from .sources import read_path
 
 EXIT_CLEAN = 0
@@ -86,6 +90,51 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
+def cmd_zoo(args: argparse.Namespace) -> int:
+    """Run the bug zoo: each seeded bug under the legacy and the fixed policy."""
+    from kvstate.zoo import CASES, run_case
+
+    names = args.cases or sorted(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        print(f"kvstate: error: unknown case(s) {', '.join(unknown)}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    os.makedirs(args.out, exist_ok=True)
+    table = Table(box=box.SIMPLE_HEAD)
+    for column in ("case", "upstream", "legacy policy", "kvstate policy"):
+        table.add_column(column)
+    all_as_expected = True
+    for name in names:
+        case = CASES[name]
+        verdicts = []
+        for policy in ("legacy", "kvstate"):
+            path = os.path.join(args.out, f"{name}.{policy}.jsonl")
+            entries = run_case(case, policy).entries or []
+            write_jsonl((to_record(e) for e in entries), path)
+            result = replay([path])
+            first = result.violations[0] if result.violations else None
+            verdicts.append(f"{first.code.value} at seq {first.seq}" if first else "clean")
+            if policy == "legacy":
+                all_as_expected &= first is not None and first.code.value == case.expected
+            else:
+                all_as_expected &= first is None
+        table.add_row(
+            Text(name),
+            Text(case.upstream),
+            Text(verdicts[0], style="red"),
+            Text(verdicts[1], style="green"),
+        )
+    console = report_console()
+    console.print(table)
+    console.print(
+        Text(
+            f"journals: {args.out}/CASE.legacy.jsonl and {args.out}/CASE.kvstate.jsonl; "
+            f"explain one with: kvstate replay {args.out}/{names[0]}.legacy.jsonl"
+        )
+    )
+    return EXIT_CLEAN if all_as_expected else EXIT_VIOLATIONS
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kvstate",
@@ -114,6 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("destination")
     p.add_argument("--keep-partial", action="store_true", help="keep DESTINATION on error")
     p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser(
+        "zoo",
+        help="replay every seeded upstream bug under the legacy and the fixed policy",
+        description="Run the bug zoo (docs/bug-zoo.md): write a legacy journal and its fixed "
+        "twin per case and replay both. Exit 0 when every legacy journal is flagged with "
+        "its case's code and every fixed twin is clean.",
+    )
+    p.add_argument("cases", nargs="*", metavar="CASE", help="case names (default: all)")
+    p.add_argument("--out", default="zoo", help="folder for the journals (default: ./zoo)")
+    p.set_defaults(func=cmd_zoo)
     return parser
 
 

@@ -1,0 +1,166 @@
+"""The legacy policy: the store connector as it behaved before the fixes.
+
+For the bug zoo only; never for production. Each override below is the old
+code path, rewritten against our ledgers, so the journal it writes is what
+the old connector would have written. Replay must flag it; the fixed policy
+(the plain :class:`SchedulerLedger` / :class:`WorkerLedger`) running the same
+script must come out clean. The upstream history is in ``shared/seeds/`` and
+``docs/bug-zoo.md``.
+
+The behaviours, their upstream history, and what replay says:
+
+- no pins; blocks held only by a delayed free on the normal finish path
+  (#52360, fixed by #52372): ``POISONED_READ``, ``POISONED_KEY``;
+- completions counted per ``req_id`` (#51637, fixed by #52372):
+  ``STALE_GENERATION``, ``PREMATURE_RETIRE``;
+- ``assert tracker is not None`` at finish, the tracker popped at
+  preemption (#43281): ``CRASH``;
+- a connector-local preempted-ids set decides append vs replace (#46595):
+  ``TABLE_OVERRUN``;
+- the block-table snapshot covers only requests that got new blocks
+  (#54853): ``CRASH``;
+- KV-event parents taken from store order (#52466 review):
+  ``PARENT_CHAIN_BROKEN``;
+- retry tokens and other effects not guarded by job liveness (#52466):
+  ``STALE_GENERATION``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from . import events as ev
+from .recorder import Recorder
+from .scheduler import SchedulerLedger
+from .worker import JobSpec, WorkerLedger
+
+
+class LegacyCrash(Exception):
+    """An old ``assert`` that killed EngineCore. The engine records ``engine_crashed``."""
+
+
+class LegacySchedulerLedger(SchedulerLedger):
+    """``MooncakeStoreScheduler`` before #43281, #46595, #52372 and #54853."""
+
+    def __init__(self, recorder: Recorder, *, strict: bool = False) -> None:
+        super().__init__(recorder, strict=strict)
+        # One RequestTracker per request, popped at preemption (the #43281 crash).
+        self._trackers: set[str] = set()
+        # Connector-local preempted ids, added at preemption and never
+        # cleared (#46595): the engine's resumed flag is ignored.
+        self._preempted_ids: set[str] = set()
+        # This step's block-state snapshot: only requests given new blocks (#54853).
+        self._snapshot: set[str] = set()
+
+    def begin_step(self, step: int | None = None) -> int:
+        self._snapshot = set()
+        return super().begin_step(step)
+
+    def admit(self, req: str, prompt_tokens: int, hashes: Sequence[str] | None = None) -> int:
+        gen = super().admit(req, prompt_tokens, hashes)
+        self._trackers.add(req)
+        return gen
+
+    def resume(self, req: str) -> int:
+        gen = super().resume(req)
+        self._trackers.add(req)
+        return gen
+
+    def preempt(self, req: str) -> None:
+        super().preempt(req)
+        self._trackers.discard(req)
+        self._preempted_ids.add(req)
+
+    def request_finished(self, req: str, *, hold: bool = False, aborted: bool = False) -> None:
+        if req not in self._trackers:
+            raise LegacyCrash("AssertionError: assert tracker is not None (request_finished)")
+        self._trackers.discard(req)
+        super().request_finished(req, hold=hold, aborted=aborted)
+
+    finish = request_finished
+
+    def assign_blocks(self, req: str, blocks, *, resumed: bool, cached=()) -> None:  # type: ignore[no-untyped-def]
+        super().assign_blocks(req, blocks, resumed=resumed, cached=cached)
+        self._snapshot.add(req)
+
+    def finished_sending(self, req: str) -> None:
+        """The worker reported ``req`` done: the delayed free finally happens."""
+        incarnations = self.ledger.requests[req].incarnations
+        for gen, inc in sorted(incarnations.items()):
+            if inc.held:
+                self.release_held(req, gen)
+
+    # -- the old decisions ---------------------------------------------------------------
+
+    def _assign_mode(self, req: str, resumed: bool) -> str:
+        return "replace" if req in self._preempted_ids else "append"
+
+    def _job_table(self, req: str) -> list[int]:
+        if req not in self._snapshot:
+            raise LegacyCrash(
+                f"AssertionError: no block ids for {req} in kv_connector_block_state "
+                "(a block filled on a step that allocated none)"
+            )
+        return super()._job_table(req)
+
+    def _job_pins(self, cow_blocks: Sequence[int], table: Sequence[int]) -> tuple[int, ...]:
+        return ()  # nothing pins a job's blocks: preemption frees them under the PUT
+
+    def _finish_hold(self, req: str, hold: bool) -> bool:
+        # delay_free_blocks: only the normal finish path keeps blocks while
+        # saves are outstanding; preemption has no such hook.
+        outstanding = any(
+            job.req == req and job.completions < job.world_size for job in self.ledger.jobs.values()
+        )
+        return hold or outstanding
+
+
+class LegacyWorkerLedger(WorkerLedger):
+    """``KVCacheStoreSendingThread`` before #52372 and #52466."""
+
+    def __init__(self, rank: int, recorder: Recorder, *, strict: bool = False) -> None:
+        super().__init__(rank, recorder, strict=strict)
+        # req_id -> jobs queued: the counter of #51637. A request id is reused
+        # after resume, so an old generation's job decrements the new one.
+        self._count: dict[str, int] = {}
+
+    def register(self, spec: JobSpec) -> None:
+        with self._lock:
+            super().register(spec)
+            self._count[spec.req] = self._count.get(spec.req, 0) + 1
+
+    def preemption_seen(self, req: str, gen: int) -> None:
+        with self._lock:
+            super().preemption_seen(req, gen)
+            self._count.pop(req, None)
+
+    def retire(self, req: str, gen: int) -> bool:
+        """``finished_sending`` once the request's counter reaches zero."""
+        with self._lock:
+            if self._count.get(req, 0) > 0:
+                return False
+            self._count.pop(req, None)
+            self._emit(ev.RequestRetired(req=req, gen=gen, rank=self.rank))
+            return True
+
+    def _live_at_start(self, job: int) -> bool:
+        return self._specs[job].req in self._count
+
+    def _effect_allowed(self, job: int) -> bool:
+        return True
+
+    def _kv_event_parents(self, spec: JobSpec, stored: Sequence[str]) -> list[str | None]:
+        # The previous key *stored in this batch*: after dedup skipped the
+        # prefix, the first stored key is published as a root.
+        return [None, *stored[:-1]] if stored else []
+
+    def _after_report(self, job: int) -> None:
+        req = self._specs[job].req
+        if req in self._count:
+            self._count[req] -= 1
+
+
+POLICIES: dict[str, tuple[type[SchedulerLedger], type[WorkerLedger]]] = {
+    "kvstate": (SchedulerLedger, WorkerLedger),
+    "legacy": (LegacySchedulerLedger, LegacyWorkerLedger),
+}
