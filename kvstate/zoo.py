@@ -133,7 +133,9 @@ class Stage:
             if all(retired):
                 self.finishing.remove((req, gen))
                 self.sched.finished_sending(req)
-        self.sched.begin_step()
+        step = self.sched.begin_step()
+        for worker in self.workers:
+            worker.begin_step(step)
 
     @staticmethod
     def _retire(worker, req: str, gen: int) -> bool:  # type: ignore[no-untyped-def]

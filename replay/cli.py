@@ -22,8 +22,8 @@ from kvstate.codec import to_record
 from kvstate.recorder import journal_views
 
 from .engine import replay
-from .report import print_report, report_console
-from .sources import read_path
+from .report import needed_records, print_report, report_console
+from .sources import collect, read_path
 
 EXIT_CLEAN = 0
 EXIT_VIOLATIONS = 1
@@ -58,7 +58,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         json.dump(result.to_dict(), sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
     else:
-        print_report(result)
+        try:
+            records = collect(args.paths, needed_records(result))
+        except (JournalError, OSError):
+            records = {}  # the verdict stands; the story just has fewer details
+        print_report(result, records, show_all=args.all)
     return result.exit_status
 
 
@@ -151,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH", help="journal database or .jsonl file")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--at", type=int, metavar="SEQ", help="print the ledger as it stood after SEQ")
+    p.add_argument(
+        "--all", action="store_true", help="list every violation, not one row per root cause"
+    )
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser(

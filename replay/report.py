@@ -8,16 +8,21 @@ markup. Rich drops colours by itself when the output is not a terminal.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, RenderableType
+from rich.console import Group as RichGroup
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from kvstate.codec import Entry
 from kvstate.ledger import Ledger
 from kvstate.violations import CODE_ORDER, Violation
 
 from .engine import ReplayResult
+from .explain import Group, describe, explain, group, lane
 
 _ENTITY_COLUMNS = ("job", "req", "gen", "rank", "block", "key")
 
@@ -26,8 +31,21 @@ def _cell(value: object) -> Text:
     return Text("" if value is None else str(value))
 
 
-def _findings_table(result: ReplayResult, findings: list[Violation], title: str) -> Table:
-    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", expand=False)
+def _box(plain: bool) -> box.Box:
+    return box.ASCII if plain else box.SIMPLE_HEAD
+
+
+def _entities(v: Violation) -> Text:
+    parts = [
+        f"{name} {getattr(v, name)}" for name in _ENTITY_COLUMNS if getattr(v, name) is not None
+    ]
+    return Text(", ".join(parts))
+
+
+def _findings_table(
+    result: ReplayResult, findings: list[Violation], title: str, plain: bool
+) -> Table:
+    table = Table(title=title, box=_box(plain), title_justify="left", expand=False)
     table.add_column("seq", justify="right")
     table.add_column("code", style="bold")
     for name in _ENTITY_COLUMNS:
@@ -49,7 +67,66 @@ def _findings_table(result: ReplayResult, findings: list[Violation], title: str)
     return table
 
 
-def summary_line(result: ReplayResult) -> Text:
+def _groups_table(groups: list[Group], plain: bool) -> Table:
+    table = Table(
+        title="Violations, one row per root cause (--all lists each)",
+        box=_box(plain),
+        title_justify="left",
+    )
+    table.add_column("first seq", justify="right")
+    table.add_column("code", style="bold")
+    table.add_column("count", justify="right")
+    table.add_column("entities (first)")
+    table.add_column("message (first)", overflow="fold")
+    for g in groups:
+        first = g.first
+        message = Text(first.message)
+        if first.chain:
+            message.append("\nchain: " + " → ".join(map(str, first.chain)), style="dim")
+        table.add_row(
+            _cell(first.seq),
+            Text(g.code.value, style="red"),
+            _cell(len(g.members)),
+            _entities(first),
+            message,
+        )
+    return table
+
+
+def chain_timeline(v: Violation, records: Mapping[int, Entry], plain: bool) -> Table:
+    """The violation's chain and its own record as lanes: scheduler and one per rank."""
+    seqs = [s for s in (*v.chain, v.seq) if s in records]
+    lanes = sorted({lane(records[s].event) for s in seqs}, key=_lane_order)
+    table = Table(title="Timeline", box=_box(plain), title_justify="left")
+    table.add_column("seq", justify="right")
+    table.add_column("step", justify="right")
+    for name in lanes:
+        table.add_column(name, overflow="fold")
+    for s in sorted(set(seqs)):
+        entry = records[s]
+        cells: list[RenderableType] = [_cell(s), _cell(entry.step)]
+        for name in lanes:
+            if lane(entry.event) != name:
+                cells.append(Text(""))
+                continue
+            text = Text(describe(entry.event))
+            if s == v.seq:
+                text.stylize("bold red")
+                text.append(f"  <- {v.code.value}", style="bold red")
+            cells.append(text)
+        table.add_row(*cells)
+    return table
+
+
+def _lane_order(name: str) -> tuple[int, int]:
+    if name == "scheduler":
+        return (0, 0)
+    if name.startswith("rank "):
+        return (1, int(name.split()[1]))
+    return (2, 0)
+
+
+def summary_line(result: ReplayResult, groups: int | None = None) -> Text:
     text = Text()
     text.append(f"{result.events} records · verdict: ")
     if result.violations:
@@ -59,6 +136,8 @@ def summary_line(result: ReplayResult) -> Text:
             for code, n in sorted(counts.items(), key=lambda c: CODE_ORDER[c[0]])
         )
         text.append(f"{len(result.violations)} violation(s)", style="bold red")
+        if groups is not None:
+            text.append(f" from {groups} root cause(s)")
         text.append(f" ({by_code})")
     else:
         text.append("clean", style="bold green")
@@ -67,9 +146,9 @@ def summary_line(result: ReplayResult) -> Text:
     return text
 
 
-def ledger_tables(ledger: Ledger) -> list[Table]:
+def ledger_tables(ledger: Ledger, plain: bool = False) -> list[Table]:
     """The ledger as tables: requests, held blocks, jobs, and each rank's request state."""
-    requests = Table(title="Requests", box=box.SIMPLE_HEAD, title_justify="left")
+    requests = Table(title="Requests", box=_box(plain), title_justify="left")
     for name in ("req", "gen", "state", "table", "held"):
         requests.add_column(name)
     for req, request in sorted(ledger.requests.items()):
@@ -77,13 +156,13 @@ def ledger_tables(ledger: Ledger) -> list[Table]:
             requests.add_row(
                 _cell(req), _cell(gen), _cell(inc.state), _cell(inc.table), _cell(inc.held or "")
             )
-    blocks = Table(title="Blocks with holders", box=box.SIMPLE_HEAD, title_justify="left")
+    blocks = Table(title="Blocks with holders", box=_box(plain), title_justify="left")
     for name in ("block", "refs", "epoch"):
         blocks.add_column(name, justify="right")
     for block, state in sorted(ledger.blocks.items()):
         if state.refs:
             blocks.add_row(_cell(block), _cell(state.refs), _cell(state.epoch))
-    jobs = Table(title="Store jobs", box=box.SIMPLE_HEAD, title_justify="left")
+    jobs = Table(title="Store jobs", box=_box(plain), title_justify="left")
     for name in ("job", "req/gen", "tokens", "pins", "completions", "released", "ranks"):
         jobs.add_column(name)
     for job_id, job in sorted(ledger.jobs.items()):
@@ -97,7 +176,7 @@ def ledger_tables(ledger: Ledger) -> list[Table]:
             _cell("yes" if job.released_seq is not None else "no"),
             _cell(lanes),
         )
-    ranks = Table(title="Rank request state", box=box.SIMPLE_HEAD, title_justify="left")
+    ranks = Table(title="Rank request state", box=_box(plain), title_justify="left")
     for name in ("rank", "req", "gen", "live jobs", "saved offset", "skipped", "retry", "ended"):
         ranks.add_column(name)
     for rank, rl in sorted(ledger.ranks.items()):
@@ -115,21 +194,46 @@ def ledger_tables(ledger: Ledger) -> list[Table]:
     return [requests, blocks, jobs, ranks]
 
 
-def render(result: ReplayResult) -> Group:
+def needed_records(result: ReplayResult) -> set[int]:
+    """The seqs the report tells about: the first violation and its chain."""
+    if not result.violations:
+        return set()
+    first = result.violations[0]
+    return {*first.chain, first.seq, first.seq - 1}
+
+
+def render(
+    result: ReplayResult,
+    records: Mapping[int, Entry] | None = None,
+    *,
+    show_all: bool = False,
+    plain: bool = False,
+) -> Group:
     """The whole human report."""
+    records = records or {}
     parts: list[RenderableType] = []
     header = Text("kvstate replay: ", style="bold")
     header.append(", ".join(result.paths))
     parts.append(header)
     if result.at is not None:
         parts.append(Text(f"ledger after seq {result.at}", style="bold"))
-        parts.extend(ledger_tables(result.ledger))
-    parts.append(summary_line(result))
+        parts.extend(ledger_tables(result.ledger, plain))
+    groups = group(result.violations)
+    parts.append(summary_line(result, len(groups) if result.violations else None))
     if result.violations:
-        parts.append(_findings_table(result, result.violations, "Violations"))
+        first = result.violations[0]
+        title = Text(f"\nFirst violation: {first.code.value} at seq {first.seq}", style="bold red")
+        parts.append(title)
+        parts.append(Padding(Text(explain(first, records)), (0, 0, 0, 2)))
+        if records:
+            parts.append(chain_timeline(first, records, plain))
+        if show_all:
+            parts.append(_findings_table(result, result.violations, "Violations", plain))
+        else:
+            parts.append(_groups_table(groups, plain))
     if result.warnings:
-        parts.append(_findings_table(result, result.warnings, "Warnings"))
-    return Group(*parts)
+        parts.append(_findings_table(result, result.warnings, "Warnings", plain))
+    return RichGroup(*parts)
 
 
 def report_console() -> Console:
@@ -144,5 +248,12 @@ def report_console() -> Console:
     return console
 
 
-def print_report(result: ReplayResult, console: Console | None = None) -> None:
-    (console or report_console()).print(render(result))
+def print_report(
+    result: ReplayResult,
+    records: Mapping[int, Entry] | None = None,
+    *,
+    show_all: bool = False,
+    console: Console | None = None,
+) -> None:
+    console = console or report_console()
+    console.print(render(result, records, show_all=show_all, plain=not console.is_terminal))

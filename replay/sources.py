@@ -102,3 +102,23 @@ def open_stream(paths: Sequence[str]) -> tuple[Iterator[Located], Origin | None]
             yield Located(entry, item.path, item.seq, item.line)
 
     return merged(), origin
+
+
+def collect(paths: Sequence[str], seqs: set[int]) -> dict[int, Entry]:
+    """The entries at ``seqs`` (merged positions when several paths), by a second pass.
+
+    Replay keeps no records while folding, so memory stays flat; the few a
+    report needs are read again.
+    """
+    found: dict[int, Entry] = {}
+    if not seqs:
+        return found
+    last = max(seqs)
+    stream, _ = open_stream(list(paths))
+    for item in stream:
+        seq = item.entry.seq
+        if seq in seqs:
+            found[seq] = item.entry
+        if seq >= last:
+            break
+    return found
