@@ -22,8 +22,9 @@ from kvstate.codec import to_record
 from kvstate.recorder import journal_views
 
 from .engine import replay
+from .minimize import minimize
 from .report import needed_records, print_report, report_console
-from .sources import collect, read_path
+from .sources import collect, open_stream, read_path
 
 EXIT_CLEAN = 0
 EXIT_VIOLATIONS = 1
@@ -49,7 +50,44 @@ def _unusable(exc: Exception, *, as_json: bool) -> int:
     return EXIT_UNUSABLE
 
 
+def cmd_minimize(args: argparse.Namespace) -> int:
+    try:
+        stream, _ = open_stream(args.paths)
+        entries = [item.entry for item in stream]
+        if os.path.exists(args.minimize):
+            raise JournalError(f"{args.minimize}: already exists; refusing to overwrite")
+    except (JournalError, OSError) as exc:
+        return _unusable(exc, as_json=args.json)
+    found = minimize(entries)
+    if found is None:
+        print("journal is clean: nothing to minimize")
+        return EXIT_CLEAN
+    write_jsonl((to_record(e) for e in found.entries), args.minimize)
+    target = found.target
+    summary = {
+        "code": target.code.value,
+        "seq": target.seq,
+        "records": found.original,
+        "sliced": found.sliced,
+        "minimized": len(found.entries),
+        "tests": found.tests,
+        "out": args.minimize,
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"{target.code.value} at seq {target.seq}: {found.original} records -> "
+            f"{found.sliced} in the slice -> {len(found.entries)} after delta debugging "
+            f"({found.tests} replays). Wrote {args.minimize}; replay it with: "
+            f"kvstate replay {args.minimize}"
+        )
+    return EXIT_VIOLATIONS
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
+    if args.minimize:
+        return cmd_minimize(args)
     try:
         result = replay(args.paths, at=args.at)
     except (JournalError, OSError) as exc:
@@ -157,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--at", type=int, metavar="SEQ", help="print the ledger as it stood after SEQ")
     p.add_argument(
         "--all", action="store_true", help="list every violation, not one row per root cause"
+    )
+    p.add_argument(
+        "--minimize",
+        metavar="OUT.jsonl",
+        help="write the smallest journal whose first violation has the same code",
     )
     p.set_defaults(func=cmd_replay)
 
