@@ -21,9 +21,10 @@ from journal import Journal, JournalError, RecordError, write_jsonl
 from kvstate.codec import to_record
 from kvstate.recorder import journal_views
 
+from . import timeline
 from .engine import replay
 from .minimize import minimize
-from .report import needed_records, print_report, report_console
+from .report import lanes_table, needed_records, print_report, report_console
 from .sources import collect, open_stream, read_path
 
 EXIT_CLEAN = 0
@@ -177,6 +178,26 @@ def cmd_zoo(args: argparse.Namespace) -> int:
     return EXIT_CLEAN if all_as_expected else EXIT_VIOLATIONS
 
 
+def cmd_timeline(args: argparse.Namespace) -> int:
+    try:
+        line = timeline.build(args.paths, req=args.req, job=args.job)
+    except (JournalError, OSError) as exc:
+        return _unusable(exc, as_json=args.json)
+    if args.json:
+        json.dump(line.to_dict(), sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        console = report_console()
+        title = f"Timeline of {line.title}: {len(line.entries)} records"
+        console.print(lanes_table(line.entries, line.violations, title, not console.is_terminal))
+        for seq, found in sorted(line.violations.items()):
+            for v in found:
+                console.print(Text(f"seq {seq} {v.code.value}: {v.message}"))
+    if not line.entries:
+        print(f"kvstate: no record names {line.title}", file=sys.stderr)
+    return EXIT_VIOLATIONS if line.violations else EXIT_CLEAN
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kvstate",
@@ -202,6 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the smallest journal whose first violation has the same code",
     )
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser(
+        "timeline",
+        help="every record of one request (all generations) or one job, as lanes",
+        description="Show the records of one request or one job across the scheduler and "
+        "every rank, with the violations raised at them. Exit 1 if any is marked.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--req", help="request id")
+    which.add_argument("--job", type=int, help="store job id")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p.set_defaults(func=cmd_timeline)
 
     p = sub.add_parser(
         "convert",

@@ -83,8 +83,16 @@ def describe(event: ev.Event) -> str:
         return f"key {e.key} verified: {'ok' if e.ok else 'WRONG'}"
     if kind == "load_verified":
         return f"{e.req}/{e.gen} loaded {e.key}: {'ok' if e.ok else 'WRONG'}"
-    job = getattr(e, "job", None)
-    return f"{kind.replace('_', ' ')} job {job}" if job is not None else kind
+    simple = {
+        "job_received": "received job {}",
+        "job_started": "started job {}",
+        "dma_started": "DMA of job {} started",
+        "dma_done": "DMA of job {} done",
+        "job_reported": "reported job {}",
+    }
+    if kind in simple:
+        return simple[kind].format(e.job)
+    return kind
 
 
 def _at(records: Records, seq: int | None) -> str:

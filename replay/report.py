@@ -8,7 +8,7 @@ markup. Rich drops colours by itself when the output is not a terminal.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from rich import box
 from rich.console import Console, RenderableType
@@ -93,29 +93,39 @@ def _groups_table(groups: list[Group], plain: bool) -> Table:
     return table
 
 
-def chain_timeline(v: Violation, records: Mapping[int, Entry], plain: bool) -> Table:
-    """The violation's chain and its own record as lanes: scheduler and one per rank."""
-    seqs = [s for s in (*v.chain, v.seq) if s in records]
-    lanes = sorted({lane(records[s].event) for s in seqs}, key=_lane_order)
-    table = Table(title="Timeline", box=_box(plain), title_justify="left")
+def lanes_table(
+    entries: Sequence[Entry],
+    marks: Mapping[int, Sequence[Violation]],
+    title: str,
+    plain: bool,
+) -> Table:
+    """Records as lanes (scheduler, one per rank, audit); violations marked on their row."""
+    lanes = sorted({lane(e.event) for e in entries}, key=_lane_order)
+    table = Table(title=title, box=_box(plain), title_justify="left")
     table.add_column("seq", justify="right")
     table.add_column("step", justify="right")
     for name in lanes:
         table.add_column(name, overflow="fold")
-    for s in sorted(set(seqs)):
-        entry = records[s]
-        cells: list[RenderableType] = [_cell(s), _cell(entry.step)]
+    for entry in entries:
+        cells: list[RenderableType] = [_cell(entry.seq), _cell(entry.step)]
+        here = marks.get(entry.seq, ())
         for name in lanes:
             if lane(entry.event) != name:
                 cells.append(Text(""))
                 continue
             text = Text(describe(entry.event))
-            if s == v.seq:
+            if here:
                 text.stylize("bold red")
-                text.append(f"  <- {v.code.value}", style="bold red")
+                text.append("  <- " + ", ".join(v.code.value for v in here), style="bold red")
             cells.append(text)
         table.add_row(*cells)
     return table
+
+
+def chain_timeline(v: Violation, records: Mapping[int, Entry], plain: bool) -> Table:
+    """The violation's chain and its own record as lanes."""
+    seqs = sorted({s for s in (*v.chain, v.seq) if s in records})
+    return lanes_table([records[s] for s in seqs], {v.seq: [v]}, "Timeline", plain)
 
 
 def _lane_order(name: str) -> tuple[int, int]:

@@ -1,0 +1,86 @@
+"""Timelines: every record of one request (all its generations) or one job,
+across the scheduler and every rank, in journal order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from kvstate import events as ev
+from kvstate.codec import Entry, to_dict
+from kvstate.violations import Violation
+
+from .engine import replay
+from .explain import describe, lane
+from .sources import open_stream
+
+
+@attrs.frozen
+class Timeline:
+    """The selected records and the violations raised at them."""
+
+    title: str
+    entries: list[Entry]
+    violations: dict[int, list[Violation]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "records": [
+                {
+                    "seq": e.seq,
+                    "step": e.step,
+                    "lane": lane(e.event),
+                    "text": describe(e.event),
+                    "record": to_dict(e),
+                    "violations": [v.code.value for v in self.violations.get(e.seq, [])],
+                }
+                for e in self.entries
+            ],
+            "violations": [v.to_dict() for vs in self.violations.values() for v in vs],
+        }
+
+
+def _selector(req: str | None, job: int | None):  # type: ignore[no-untyped-def]
+    """A stateful predicate: which records belong to the timeline, as they stream by."""
+    jobs: set[int] = set()
+    incarnation: list[tuple[str, int]] = []  # the job's (req, gen), once enqueued
+
+    def wanted(event: Any) -> bool:
+        if type(event) is ev.JobEnqueued:
+            if job is not None and event.job == job:
+                incarnation.append((event.req, event.gen))
+                return True
+            if req is not None and event.req == req:
+                jobs.add(event.job)
+                return True
+            return False
+        event_job = getattr(event, "job", None)
+        if event_job is not None:
+            return event_job == job or event_job in jobs
+        if req is not None:
+            return getattr(event, "req", None) == req
+        # a job's timeline also shows what happened to its incarnation
+        pair = (getattr(event, "req", None), getattr(event, "gen", None))
+        return bool(incarnation) and pair == incarnation[0]
+
+    return wanted
+
+
+def build(paths: Sequence[str], *, req: str | None = None, job: int | None = None) -> Timeline:
+    """The timeline of ``req`` (all generations) or of ``job``."""
+    if (req is None) == (job is None):
+        raise ValueError("give exactly one of req and job")
+    result = replay(list(paths))
+    wanted = _selector(req, job)
+    stream, _ = open_stream(list(paths))
+    entries = [item.entry for item in stream if wanted(item.entry.event)]
+    seqs = {e.seq for e in entries}
+    marks: dict[int, list[Violation]] = {}
+    for v in result.violations:
+        if v.seq in seqs:
+            marks.setdefault(v.seq, []).append(v)
+    title = f"request {req}" if req is not None else f"job {job}"
+    return Timeline(title, entries, marks)
