@@ -21,7 +21,7 @@ from journal import Journal, JournalError, RecordError, write_jsonl
 from kvstate.codec import to_record
 from kvstate.recorder import journal_views
 
-from . import timeline
+from . import export, timeline
 from .engine import replay
 from .minimize import minimize
 from .report import lanes_table, needed_records, print_report, report_console
@@ -198,6 +198,27 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     return EXIT_VIOLATIONS if line.violations else EXIT_CLEAN
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    try:
+        if os.path.exists(args.out):
+            raise JournalError(f"{args.out}: already exists; refusing to overwrite")
+        if args.format == "perfetto":
+            trace = export.perfetto(args.paths)
+            with open(args.out, "w", encoding="utf-8") as f:
+                json.dump(trace, f, ensure_ascii=False)
+            n = len(trace["traceEvents"])
+        else:
+            n = write_jsonl((to_record(e) for e in export.entries(args.paths)), args.out)
+    except (JournalError, OSError) as exc:
+        if os.path.exists(args.out):
+            os.unlink(args.out)
+        return _unusable(exc, as_json=False)
+    unit = "trace events" if args.format == "perfetto" else "records"
+    hint = "; open it at ui.perfetto.dev" if args.format == "perfetto" else ""
+    print(f"wrote {n} {unit} to {args.out}{hint}")
+    return EXIT_CLEAN
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kvstate",
@@ -236,6 +257,18 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--job", type=int, help="store job id")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.set_defaults(func=cmd_timeline)
+
+    p = sub.add_parser(
+        "export",
+        help="export a journal as a Perfetto trace or as JSON Lines",
+        description="perfetto: Chrome trace-event JSON (a track per rank and one for the "
+        "scheduler, job/DMA/put spans, markers for preemptions and violations). "
+        "jsonl: the records as JSON Lines (merged and renumbered when several paths).",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--format", choices=("perfetto", "jsonl"), required=True)
+    p.add_argument("out", metavar="OUT", help="output file (refuses to overwrite)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser(
         "convert",
