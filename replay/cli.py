@@ -25,7 +25,7 @@ from . import export, timeline
 from .engine import replay
 from .minimize import minimize
 from .report import lanes_table, needed_records, print_report, report_console
-from .sources import collect, open_stream, read_path
+from .sources import collect, entries, read_path
 
 EXIT_CLEAN = 0
 EXIT_VIOLATIONS = 1
@@ -53,13 +53,12 @@ def _unusable(exc: Exception, *, as_json: bool) -> int:
 
 def cmd_minimize(args: argparse.Namespace) -> int:
     try:
-        stream, _ = open_stream(args.paths)
-        entries = [item.entry for item in stream]
+        loaded = list(entries(args.paths))
         if os.path.exists(args.minimize):
             raise JournalError(f"{args.minimize}: already exists; refusing to overwrite")
     except (JournalError, OSError) as exc:
         return _unusable(exc, as_json=args.json)
-    found = minimize(entries)
+    found = minimize(loaded)
     if found is None:
         print("journal is clean: nothing to minimize")
         return EXIT_CLEAN
@@ -111,15 +110,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
     try:
         if os.path.exists(dst):
             raise JournalError(f"{dst}: already exists; refusing to overwrite")
-        entries = (item.entry for item in read_path(src))
+        source = (item.entry for item in read_path(src))
         if dst.endswith((".jsonl", ".ndjson", ".json")):
-            n = write_jsonl((to_record(e) for e in entries), dst)
+            n = write_jsonl((to_record(e) for e in source), dst)
         else:
             with Journal(dst) as journal:
                 journal.create_views(journal_views())
                 batch = []
                 n = 0
-                for entry in entries:
+                for entry in source:
                     batch.append(to_record(entry))
                     if len(batch) == 4096:
                         n += journal.append(batch)
@@ -208,7 +207,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 json.dump(trace, f, ensure_ascii=False)
             n = len(trace["traceEvents"])
         else:
-            n = write_jsonl((to_record(e) for e in export.entries(args.paths)), args.out)
+            n = write_jsonl((to_record(e) for e in entries(args.paths)), args.out)
     except (JournalError, OSError) as exc:
         if os.path.exists(args.out):
             os.unlink(args.out)

@@ -16,7 +16,7 @@ first); records without ``ts`` are placed at ``seq`` microseconds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from kvstate import events as ev
@@ -24,7 +24,7 @@ from kvstate.codec import Entry
 
 from .engine import replay
 from .explain import describe
-from .sources import open_stream
+from .sources import entries
 
 SCHEDULER_PID = 1
 SENDING_TID = 1
@@ -152,17 +152,11 @@ def perfetto(paths: Sequence[str]) -> dict[str, Any]:
     for v in (*result.violations, *result.warnings):
         by_seq.setdefault(v.seq, []).append(v)
     trace = _Trace()
-    stream, _ = open_stream(list(paths))
-    for item in stream:
-        trace.feed(item.entry, by_seq.get(item.entry.seq, ()))
+    for entry in entries(paths):
+        trace.feed(entry, by_seq.get(entry.seq, ()))
     trace.close()
     return {
         "traceEvents": trace.metadata() + trace.events,
         "displayTimeUnit": "ns",
         "otherData": {"source": ", ".join(paths), "verdict": result.verdict},
     }
-
-
-def entries(paths: Sequence[str]) -> Iterable[Entry]:
-    stream, _ = open_stream(list(paths))
-    return (item.entry for item in stream)

@@ -104,6 +104,12 @@ def open_stream(paths: Sequence[str]) -> tuple[Iterator[Located], Origin | None]
     return merged(), origin
 
 
+def entries(paths: Sequence[str]) -> Iterator[Entry]:
+    """The entries of ``paths`` in replay order (merged positions when several)."""
+    stream, _ = open_stream(list(paths))
+    return (item.entry for item in stream)
+
+
 def collect(paths: Sequence[str], seqs: set[int]) -> dict[int, Entry]:
     """The entries at ``seqs`` (merged positions when several paths), by a second pass.
 
@@ -114,11 +120,9 @@ def collect(paths: Sequence[str], seqs: set[int]) -> dict[int, Entry]:
     if not seqs:
         return found
     last = max(seqs)
-    stream, _ = open_stream(list(paths))
-    for item in stream:
-        seq = item.entry.seq
-        if seq in seqs:
-            found[seq] = item.entry
-        if seq >= last:
+    for entry in entries(paths):
+        if entry.seq in seqs:
+            found[entry.seq] = entry
+        if entry.seq >= last:
             break
     return found

@@ -14,7 +14,7 @@ from kvstate.violations import Violation
 
 from .engine import replay
 from .explain import describe, lane
-from .sources import open_stream
+from .sources import entries
 
 
 @attrs.frozen
@@ -75,12 +75,11 @@ def build(paths: Sequence[str], *, req: str | None = None, job: int | None = Non
         raise ValueError("give exactly one of req and job")
     result = replay(list(paths))
     wanted = _selector(req, job)
-    stream, _ = open_stream(list(paths))
-    entries = [item.entry for item in stream if wanted(item.entry.event)]
-    seqs = {e.seq for e in entries}
+    selected = [e for e in entries(paths) if wanted(e.event)]
+    seqs = {e.seq for e in selected}
     marks: dict[int, list[Violation]] = {}
     for v in result.violations:
         if v.seq in seqs:
             marks.setdefault(v.seq, []).append(v)
     title = f"request {req}" if req is not None else f"job {job}"
-    return Timeline(title, entries, marks)
+    return Timeline(title, selected, marks)
