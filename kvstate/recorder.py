@@ -23,8 +23,9 @@ from .codec import Entry, to_record
 from .events import EVENT_TYPES, JournalOpened
 from .events import Event as _Event
 
-# Entry is a NamedTuple; building it from a tuple skips the generated __new__.
-_make_entry = Entry._make
+# Entry is a NamedTuple; tuple.__new__ builds one without the generated
+# __new__ and _make's length check (this runs once per recorded event).
+_tuple_new = tuple.__new__
 
 
 def journal_views() -> dict[str, tuple[str, ...]]:
@@ -109,7 +110,7 @@ class Recorder:
         with self._lock:
             seq = self._next_seq
             self._next_seq = seq + 1
-            entry = _make_entry((seq, step, self._clock(), event))
+            entry: Entry = _tuple_new(Entry, (seq, step, self._clock(), event))
             for sink in self._sinks:
                 sink(entry)
         return entry
