@@ -34,6 +34,30 @@ from .recorder import Recorder
 from .scheduler import SchedulerLedger
 from .worker import JobSpec, WorkerLedger
 
+#: every old behaviour, by name (the bug zoo turns them all on)
+BUGS = frozenset(
+    {
+        "no-pins",  # #52360: jobs pin nothing; only a finish delays the free
+        "req-id-counter",  # #51637: worker counts jobs per req_id; liveness by req_id
+        "tracker-assert",  # #43281: assert tracker is not None at finish
+        "local-preempted-set",  # #46595: append vs replace from a local set
+        "new-blocks-snapshot",  # #54853: tables offered only for requests with new blocks
+        "store-order-parents",  # #52466 review: KV-event parents from store order
+        "unguarded-effects",  # #52466: retry tokens (and effects) not guarded by liveness
+    }
+)
+
+#: the connector as it was just before #52372: the poisoning and ABA era.
+#: (#43281 and #46595 were fixed by then; #54853's snapshot came later.)
+BEFORE_52372 = frozenset({"no-pins", "req-id-counter", "store-order-parents", "unguarded-effects"})
+
+
+def _check(bugs: frozenset[str]) -> frozenset[str]:
+    unknown = set(bugs) - BUGS
+    if unknown:
+        raise ValueError(f"unknown legacy bug(s): {', '.join(sorted(unknown))}")
+    return frozenset(bugs)
+
 
 class LegacyCrash(Exception):
     """An old ``assert`` that killed EngineCore. The engine records ``engine_crashed``."""
@@ -42,8 +66,11 @@ class LegacyCrash(Exception):
 class LegacySchedulerLedger(SchedulerLedger):
     """``MooncakeStoreScheduler`` before #43281, #46595, #52372 and #54853."""
 
-    def __init__(self, recorder: Recorder, *, strict: bool = False) -> None:
+    def __init__(
+        self, recorder: Recorder, *, strict: bool = False, bugs: frozenset[str] = BUGS
+    ) -> None:
         super().__init__(recorder, strict=strict)
+        self.bugs = _check(bugs)
         # One RequestTracker per request, popped at preemption (the #43281 crash).
         self._trackers: set[str] = set()
         # Connector-local preempted ids, added at preemption and never
@@ -72,7 +99,7 @@ class LegacySchedulerLedger(SchedulerLedger):
         self._preempted_ids.add(req)
 
     def request_finished(self, req: str, *, hold: bool = False, aborted: bool = False) -> None:
-        if req not in self._trackers:
+        if "tracker-assert" in self.bugs and req not in self._trackers:
             raise LegacyCrash("AssertionError: assert tracker is not None (request_finished)")
         self._trackers.discard(req)
         super().request_finished(req, hold=hold, aborted=aborted)
@@ -93,10 +120,12 @@ class LegacySchedulerLedger(SchedulerLedger):
     # -- the old decisions ---------------------------------------------------------------
 
     def _assign_mode(self, req: str, resumed: bool) -> str:
+        if "local-preempted-set" not in self.bugs:
+            return super()._assign_mode(req, resumed)
         return "replace" if req in self._preempted_ids else "append"
 
     def _job_table(self, req: str) -> list[int]:
-        if req not in self._snapshot:
+        if "new-blocks-snapshot" in self.bugs and req not in self._snapshot:
             raise LegacyCrash(
                 f"AssertionError: no block ids for {req} in kv_connector_block_state "
                 "(a block filled on a step that allocated none)"
@@ -104,9 +133,13 @@ class LegacySchedulerLedger(SchedulerLedger):
         return super()._job_table(req)
 
     def _job_pins(self, cow_blocks: Sequence[int], table: Sequence[int]) -> tuple[int, ...]:
+        if "no-pins" not in self.bugs:
+            return super()._job_pins(cow_blocks, table)
         return ()  # nothing pins a job's blocks: preemption frees them under the PUT
 
     def _finish_hold(self, req: str, hold: bool) -> bool:
+        if "no-pins" not in self.bugs:
+            return super()._finish_hold(req, hold)
         # delay_free_blocks: only the normal finish path keeps blocks while
         # saves are outstanding; preemption has no such hook.
         outstanding = any(
@@ -118,8 +151,11 @@ class LegacySchedulerLedger(SchedulerLedger):
 class LegacyWorkerLedger(WorkerLedger):
     """``KVCacheStoreSendingThread`` before #52372 and #52466."""
 
-    def __init__(self, rank: int, recorder: Recorder, *, strict: bool = False) -> None:
+    def __init__(
+        self, rank: int, recorder: Recorder, *, strict: bool = False, bugs: frozenset[str] = BUGS
+    ) -> None:
         super().__init__(rank, recorder, strict=strict)
+        self.bugs = _check(bugs)
         # req_id -> jobs queued: the counter of #51637. A request id is reused
         # after resume, so an old generation's job decrements the new one.
         self._count: dict[str, int] = {}
@@ -136,6 +172,8 @@ class LegacyWorkerLedger(WorkerLedger):
 
     def retire(self, req: str, gen: int) -> bool:
         """``finished_sending`` once the request's counter reaches zero."""
+        if "req-id-counter" not in self.bugs:
+            return super().retire(req, gen)
         with self._lock:
             if self._count.get(req, 0) > 0:
                 return False
@@ -144,17 +182,25 @@ class LegacyWorkerLedger(WorkerLedger):
             return True
 
     def _live_at_start(self, job: int) -> bool:
+        if "req-id-counter" not in self.bugs:
+            return super()._live_at_start(job)
         return self._specs[job].req in self._count
 
     def _effect_allowed(self, job: int) -> bool:
+        if self.bugs.isdisjoint({"req-id-counter", "unguarded-effects"}):
+            return super()._effect_allowed(job)
         return True
 
     def _kv_event_parents(self, spec: JobSpec, stored: Sequence[str]) -> list[str | None]:
+        if "store-order-parents" not in self.bugs:
+            return super()._kv_event_parents(spec, stored)
         # The previous key *stored in this batch*: after dedup skipped the
         # prefix, the first stored key is published as a root.
         return [None, *stored[:-1]] if stored else []
 
     def _after_report(self, job: int) -> None:
+        if "req-id-counter" not in self.bugs:
+            return
         req = self._specs[job].req
         if req in self._count:
             self._count[req] -= 1

@@ -1,0 +1,335 @@
+"""A store connector on the ledgers, driven through vLLM's hook names.
+
+Scheduler side (:class:`StoreConnectorScheduler`): ``bind_gpu_block_pool``,
+``get_num_new_matched_tokens`` (prefix hits in the store),
+``build_connector_meta`` (turns a step's scheduler output into ledger
+transitions and store jobs), ``update_connector_output`` (completions,
+then pins freed tail first), ``request_finished``, ``has_pending_push_work``.
+
+Worker side (:class:`StoreConnectorWorker`, one per rank): registering the
+step's jobs before queueing them, the sending thread's job
+(:meth:`StoreConnectorWorker.run_job`), ``get_finished`` (retiring finished
+requests) and ``build_connector_worker_meta`` (completion counts).
+
+Keys are formed like Mooncake's: ``{model}@tp_rank:{r}@{hash}`` per rank,
+from the request's chained prefix hashes. The journal names the rank-neutral
+key ``{model}@{hash}`` (one chain per job, as journal v1 has one ``keys``
+list per job).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Callable, Generator
+
+import attrs
+
+from .. import events as ev
+from ..scheduler import SchedulerLedger
+from ..worker import JobSpec, WorkerLedger
+from . import store as st
+from .content import full_block_kv, short
+from .device import BlockMemory
+from .engine import Request, SchedulerOutput
+from .pool import BlockPool
+
+
+def journal_key(model: str, block_hash: bytes) -> str:
+    return f"{model}@{block_hash.hex()}"
+
+
+def rank_key(model: str, rank: int, block_hash: bytes) -> str:
+    return f"{model}@tp_rank:{rank}@{block_hash.hex()}"
+
+
+@attrs.frozen
+class JobMeta:
+    """One store job as the metadata carries it to every rank."""
+
+    job: int
+    req: str
+    gen: int
+    token_end: int
+    hashes: tuple[bytes, ...]  # chained hashes of the blocks [0, token_end)
+    reads: tuple[int, ...]  # the blocks to DMA from, block i for hash i
+    keys: tuple[str, ...]  # the journal's key chain
+
+
+@attrs.frozen
+class ConnectorMetadata:
+    """What the scheduler side hands the workers each step."""
+
+    step: int
+    jobs: tuple[JobMeta, ...]
+    ended: tuple[tuple[str, int], ...]  # preempted (and aborted) incarnations
+    finished: tuple[tuple[str, int], ...]  # incarnations to retire once their jobs drain
+
+
+@attrs.define
+class _Tracker:
+    gen: int
+    saved: int = 0  # tokens handed to store jobs so far (optimistic: ranks track their own)
+
+
+class StoreConnectorScheduler:
+    """The scheduler half: every decision goes through a :class:`SchedulerLedger`."""
+
+    def __init__(
+        self,
+        ledger: SchedulerLedger,
+        store: st.Store,
+        *,
+        model: str,
+        world_size: int,
+        save_decode_cache: bool = False,
+    ) -> None:
+        self.ledger = ledger
+        self.store = store
+        self.model = model
+        self.block_size = ledger.block_size
+        self.world_size = world_size
+        self.save_decode_cache = save_decode_cache
+        self.pool: BlockPool | None = None
+        self._trackers: dict[str, _Tracker] = {}
+        self._finished: list[tuple[str, int]] = []
+        self._loads: list[tuple[str, list[tuple[str, bool]]]] = []
+        self.jobs = 0
+        self.load_checks: list[tuple[str, int, str, bool]] = []
+
+    def bind_gpu_block_pool(self, pool: BlockPool) -> None:
+        self.pool = pool
+
+    # -- lookups and loads ---------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Request, local_tokens: int) -> int:
+        """Tokens beyond the local hit whose blocks every rank finds in the store."""
+        bs = self.block_size
+        hashes = request.full_hashes(bs)[: (request.num_tokens - 1) // bs]
+        candidates = hashes[local_tokens // bs :]
+        if not candidates:
+            return 0
+        present = [True] * len(candidates)
+        for rank in range(self.world_size):
+            keys = [rank_key(self.model, rank, h) for h in candidates]
+            present = [p and e for p, e in zip(present, self.store.batch_exist(keys), strict=True)]
+        hits = 0
+        for found in present:
+            if not found:
+                break
+            hits += 1
+        return hits * bs
+
+    def load(
+        self, request: Request, blocks: list[int], start: int, tokens: int, memory: BlockMemory
+    ) -> None:
+        """Copy stored KV into freshly allocated blocks and check it against its key."""
+        bs = self.block_size
+        hashes = request.full_hashes(bs)[start // bs : (start + tokens) // bs]
+        checks = []
+        for rank in range(self.world_size):
+            keys = [rank_key(self.model, rank, h) for h in hashes]
+            buffers = [bytearray(memory.block_bytes) for _ in keys]
+            self.store.batch_get_into(keys, [memoryview(b) for b in buffers])
+            for block, block_hash, buffer in zip(blocks, hashes, buffers, strict=True):
+                memory.write(rank, block, bytes(buffer))
+                expected = full_block_kv(block_hash, rank, memory.block_bytes)
+                checks.append((rank_key(self.model, rank, block_hash), bytes(buffer) == expected))
+        # Recorded once the step's admission is journaled (load_verified names the incarnation).
+        self._loads.append((request.req_id, checks))
+
+    # -- the step's metadata -------------------------------------------------------------
+
+    def build_connector_meta(self, out: SchedulerOutput) -> ConnectorMetadata:
+        """Journal the step in the order it happened, then build its store jobs.
+
+        Preemptions first: the engine freed those blocks before it handed any
+        to another request this step, and the journal must say so or a reuse
+        would look like sharing.
+        """
+        ledger = self.ledger
+        ended = []
+        for req, gen in out.preempted:
+            ledger.preempt(req)
+            self._trackers.pop(req, None)
+            ended.append((req, gen))
+        for request in out.scheduled_new_reqs:
+            ledger.admit(request.req_id, len(request.prompt))
+            self._assign(request, out, resumed=False)
+        for request in out.scheduled_cached_reqs:
+            if request.req_id in out.resumed_req_ids:
+                ledger.resume(request.req_id)
+                self._assign(request, out, resumed=True)
+            elif out.new_block_ids.get(request.req_id):
+                ledger.assign_blocks(
+                    request.req_id, out.new_block_ids[request.req_id], resumed=False
+                )
+        self._journal_loads()
+        jobs = []
+        for request in (*out.scheduled_new_reqs, *out.scheduled_cached_reqs):
+            job = self._save(request, out.num_scheduled_tokens[request.req_id])
+            if job is not None:
+                jobs.append(job)
+        finished, self._finished = tuple(self._finished), []
+        return ConnectorMetadata(out.step, tuple(jobs), tuple(ended), finished)
+
+    def _assign(self, request: Request, out: SchedulerOutput, *, resumed: bool) -> None:
+        cached = out.cached_block_ids.get(request.req_id, [])
+        self.ledger.assign_blocks(request.req_id, request.blocks, resumed=resumed, cached=cached)
+        self._trackers[request.req_id] = _Tracker(request.gen)
+
+    def _journal_loads(self) -> None:
+        for req, checks in self._loads:
+            gen = self.ledger.current_gen(req)
+            for key, ok in checks:
+                self.ledger.recorder.record(
+                    ev.LoadVerified(req=req, gen=gen, key=key, ok=ok), self.ledger.step
+                )
+                self.load_checks.append((req, gen, key, ok))
+        self._loads = []
+
+    def _save(self, request: Request, scheduled: int) -> JobMeta | None:
+        """A store job when this step completes a block: the step that fills it,
+        whether or not it allocates one. Only full blocks; decode blocks only
+        with ``save_decode_cache``."""
+        bs = self.block_size
+        tracker = self._trackers.setdefault(request.req_id, _Tracker(request.gen))
+        done = request.num_computed + scheduled
+        limit = done if self.save_decode_cache else min(done, request.prefill_end)
+        token_end = limit // bs * bs
+        if token_end <= tracker.saved:
+            return None
+        hashes = tuple(request.full_hashes(bs)[: token_end // bs])
+        keys = tuple(journal_key(self.model, h) for h in hashes)
+        job = self.ledger.enqueue_store_job(request.req_id, tracker.saved, token_end, keys)
+        state = self.ledger.job(job)
+        if self.pool is not None and state.pins:
+            self.pool.touch(state.pins)  # held until every rank reports the job
+        tracker.saved = token_end
+        self.jobs += 1
+        return JobMeta(job, request.req_id, state.gen, token_end, hashes, state.reads, keys)
+
+    # -- completions and finishes ---------------------------------------------------------
+
+    def update_connector_output(self, completed: dict[int, int]) -> None:
+        """Count the ranks' completions; free every fully reported job's pins, tail first."""
+        self.ledger.update_connector_output(completed)
+        for _job, blocks in self.ledger.release_ready():
+            if self.pool is not None:
+                self.pool.free_blocks(blocks)
+
+    def request_finished(self, request: Request) -> bool:
+        """The engine finished (or aborted) a request; True asks it to delay the free."""
+        self.ledger.request_finished(request.req_id, aborted=request.aborted)
+        self._trackers.pop(request.req_id, None)
+        self._finished.append((request.req_id, request.gen))
+        incarnation = self.ledger.ledger.requests[request.req_id].incarnations[request.gen]
+        return incarnation.held
+
+    def finished_sending(self, req: str) -> bool:
+        """Every rank retired ``req``; returns True if blocks held for it may be freed now."""
+        request = self.ledger.ledger.requests.get(req)
+        held = request is not None and any(i.held for i in request.incarnations.values())
+        self.ledger.finished_sending(req)
+        return held
+
+    def has_pending_push_work(self) -> bool:
+        return self.ledger.has_pending_push_work()
+
+
+class StoreConnectorWorker:
+    """One rank's half: its ledger, its queue, and the sending thread's job."""
+
+    def __init__(
+        self,
+        rank: int,
+        ledger: WorkerLedger,
+        store: st.Store,
+        memory: BlockMemory,
+        *,
+        model: str,
+        block_size: int,
+        latency: Callable[[], float],
+    ) -> None:
+        self.rank = rank
+        self.ledger = ledger
+        self.store = store
+        self.memory = memory
+        self.model = model
+        self.block_size = block_size
+        self.latency = latency
+        self.queue: deque[JobMeta] = deque()
+        self._finishing: set[tuple[str, int]] = set()
+        self.bytes_moved = 0
+
+    def handle_metadata(self, meta: ConnectorMetadata) -> None:
+        """Learn of ended incarnations first, then register each job before queueing it."""
+        self.ledger.begin_step(meta.step)
+        for req, gen in meta.ended:
+            self.ledger.preemption_seen(req, gen)
+        for job in meta.jobs:
+            self.ledger.register(JobSpec(job.job, job.req, job.gen, job.keys))
+            self.queue.append(job)
+        self._finishing.update(meta.finished)
+
+    def get_finished(self) -> set[tuple[str, int]]:
+        """Finished incarnations whose saves are all done on this rank (retired now)."""
+        done = set()
+        for req, gen in sorted(self._finishing):
+            state = self.ledger.state.requests.get(req)
+            if (state is not None and state.gen > gen) or self.ledger.retire(req, gen):
+                done.add((req, gen))
+        self._finishing -= done
+        return done
+
+    def build_connector_worker_meta(self) -> dict[int, int]:
+        return self.ledger.take_completed()
+
+    def run_job(self, job: JobMeta) -> Generator[float, None, None]:
+        """The sending thread's work on one job; yields the time each store call takes.
+
+        One ``with`` block is the job's single exit: whatever happens inside,
+        the job is reported exactly once.
+        """
+        bs = self.block_size
+        ledger = self.ledger
+        with ledger.run(job.job) as run:
+            if not run.live:
+                return
+            # Resume from this rank's own saved offset: it may lag the
+            # scheduler's view, which is why the job pins the whole table.
+            state = ledger.state.requests.get(job.req)
+            start = state.saved_offset if state is not None and state.gen == job.gen else 0
+            first, last = start // bs, job.token_end // bs
+            if first >= last:
+                run.skip("empty")
+            keys = [rank_key(self.model, self.rank, h) for h in job.hashes[first:last]]
+            yield self.latency()
+            exists = self.store.batch_exist(keys)
+            missing = [i for i, present in enumerate(exists) if not present]
+            if not missing:
+                run.put_done(stored=0, existed=len(keys))
+                run.save_offset(job.token_end)
+                return
+            blocks = [job.reads[first + i] for i in missing]
+            run.dma_started()
+            yield self.latency() / 4
+            data = self.memory.read(self.rank, blocks)  # what the blocks hold *now*
+            run.dma_done(digest=short(hashlib.blake2b(b"".join(data), digest_size=8).digest()))
+            yield self.latency()
+            codes = self.store.batch_put_from(
+                [keys[i] for i in missing], [memoryview(d) for d in data]
+            )
+            failed = [c for c in codes if c < 0]
+            if failed:
+                run.put_failed(st.describe(failed[0]))
+                if st.NO_AVAILABLE_HANDLE in failed:
+                    run.mark_skipped()
+                run.set_retry_tokens(start, job.token_end - start)
+                return
+            self.bytes_moved += sum(len(d) for d in data)
+            run.put_done(stored=len(missing), existed=len(keys) - len(missing))
+            run.publish_kv_events([job.keys[first + i] for i in missing])
+            run.save_offset(job.token_end)
+            if state is not None and state.retry_tokens is not None:
+                run.clear_retry_tokens()

@@ -1,0 +1,35 @@
+"""Block memory: what the forward pass writes and a store job's DMA reads.
+
+One ``[num_blocks, block_bytes]`` area per rank (that rank's shard of every
+block). :class:`HostBlocks` keeps it in a bytearray; the live runtime swaps
+in a torch tensor with the same two methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class BlockMemory(Protocol):
+    block_bytes: int
+
+    def write(self, rank: int, block: int, data: bytes) -> None: ...
+
+    def read(self, rank: int, blocks: Sequence[int]) -> list[bytes]: ...
+
+
+class HostBlocks:
+    """Every rank's block shards in host memory."""
+
+    def __init__(self, num_blocks: int, block_bytes: int, world_size: int) -> None:
+        self.block_bytes = block_bytes
+        self._shards = [bytearray(num_blocks * block_bytes) for _ in range(world_size)]
+
+    def write(self, rank: int, block: int, data: bytes) -> None:
+        start = block * self.block_bytes
+        self._shards[rank][start : start + self.block_bytes] = data
+
+    def read(self, rank: int, blocks: Sequence[int]) -> list[bytes]:
+        shard, size = self._shards[rank], self.block_bytes
+        return [bytes(shard[b * size : (b + 1) * size]) for b in blocks]

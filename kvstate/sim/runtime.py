@@ -1,0 +1,455 @@
+"""Running the simulator: workload, time, audit and summary.
+
+Two modes run the same engine, connector and jobs:
+
+* ``deterministic``: virtual time in one thread. Engine steps happen every
+  ``step_ms``; each rank's sending thread is a coroutine whose store calls
+  take seeded latencies; the loop interleaves them by virtual time. The
+  recorder's clock is the virtual clock, so one seed gives one journal, byte
+  for byte.
+* ``threaded``: each rank's sending thread is a real thread sleeping through
+  the same latencies while the engine steps on the main thread.
+
+After the engine is idle, the audit reads every stored key back and compares
+it with the KV its key names (``key_verified``); loads were checked as they
+happened (``load_verified``).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Generator
+from typing import Any
+
+import attrs
+
+from .. import events as ev
+from ..ledger import Ledger
+from ..legacy import BEFORE_52372, POLICIES, LegacyCrash
+from ..recorder import Recorder
+from ..scheduler import SchedulerLedger
+from ..worker import WorkerLedger
+from . import store as st
+from .connector import StoreConnectorScheduler, StoreConnectorWorker
+from .content import full_block_kv, short
+from .device import BlockMemory, HostBlocks
+from .engine import EngineScheduler, Request, sampler
+from .pool import BlockPool
+
+
+@attrs.frozen
+class SimConfig:
+    """Every knob of a run. The defaults are a preemption-heavy workload."""
+
+    requests: int = 48
+    prompt_len: int = 80
+    output_len: int = 24
+    shared_prefixes: int = 3
+    prefix_share: float = 0.6
+    followups: float = 0.4
+    arrivals_per_step: int = 6
+    blocks: int = 40
+    block_size: int = 16
+    block_bytes: int = 64
+    world_size: int = 2
+    token_budget: int = 256
+    store_latency_ms: float = 3.0
+    failure_rate: float = 0.0
+    abort_rate: float = 0.0
+    store_capacity_bytes: int | None = None
+    save_decode_cache: bool = False
+    step_ms: float = 1.0
+    seed: int = 0
+    policy: str = "kvstate"
+    #: the old behaviours the legacy policy runs with (see kvstate.legacy.BUGS)
+    legacy_bugs: tuple[str, ...] = tuple(sorted(BEFORE_52372))
+    mode: str = "deterministic"
+    model: str = "sim-model"
+    max_steps: int = 5000
+
+    def __attrs_post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r} (kvstate or legacy)")
+        if self.mode not in ("deterministic", "threaded"):
+            raise ValueError(f"unknown mode {self.mode!r} (deterministic or threaded)")
+
+
+@attrs.define
+class Summary:
+    """What a run did and what went wrong, counted from the engine and the audit."""
+
+    policy: str
+    mode: str
+    requests: int = 0
+    finished: int = 0
+    aborted: int = 0
+    steps: int = 0
+    store_jobs: int = 0
+    preemptions: int = 0
+    bytes_moved: int = 0
+    elapsed_s: float = 0.0
+    keys_stored: int = 0
+    poisoned_keys: int = 0
+    wrong_kv_requests: int = 0
+    loads: int = 0
+    crashes: int = 0
+    leaked_pins: int = 0
+    violations: dict[str, int] = attrs.Factory(dict)
+    journal: str | None = None
+
+    @property
+    def throughput_mb_s(self) -> float:
+        return self.bytes_moved / 1e6 / self.elapsed_s if self.elapsed_s else 0.0
+
+
+class FlakyStore:
+    """Wraps a store: each put fails with TRANSFER_FAIL with probability ``rate``."""
+
+    def __init__(self, inner: st.Store, rate: float, rng: random.Random) -> None:
+        self._inner = inner
+        self._rate = rate
+        self._rng = rng
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def batch_put_from(self, keys, buffers):  # type: ignore[no-untyped-def]
+        with self._lock:
+            fail = self._rng.random() < self._rate
+        return [st.TRANSFER_FAIL] * len(keys) if fail else self._inner.batch_put_from(keys, buffers)
+
+
+def workload(config: SimConfig) -> list[Request]:
+    """Requests whose prompts share prefixes, so store keys repeat across them.
+
+    Most prompts start with one of a few shared prefixes (a system prompt);
+    a ``followups`` fraction continue an earlier request's prompt (the next
+    turn of a conversation), which is when a store hit on an earlier
+    request's keys matters most.
+    """
+    rng = random.Random(config.seed)
+    length = config.prompt_len
+    prefixes = [
+        [rng.randrange(32000) for _ in range(length)] for _ in range(max(config.shared_prefixes, 1))
+    ]
+    shared = int(length * config.prefix_share)
+    tail = min(config.block_size, length // 4)
+    out: list[Request] = []
+    for i in range(config.requests):
+        earlier = i - 2 * config.arrivals_per_step
+        if earlier > 0 and rng.random() < config.followups:
+            base = out[rng.randrange(earlier)].prompt
+            prompt = base[: length - tail] + [rng.randrange(32000) for _ in range(tail)]
+        else:
+            fresh = [rng.randrange(32000) for _ in range(length - shared)]
+            prompt = rng.choice(prefixes)[:shared] + fresh
+        out.append(Request(f"req-{i}", prompt, config.output_len))
+    return out
+
+
+class Simulation:
+    """One run: the engine, its connector, the ranks, the store and the journal."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        journal: str | os.PathLike[str] | None = None,
+        store: st.Store | None = None,
+        memory: BlockMemory | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.virtual_ns = 0
+        if clock is None and config.mode == "deterministic":
+            clock = self._virtual_clock
+        header = ev.JournalOpened(
+            version=1,
+            block_size=config.block_size,
+            world_size=config.world_size,
+            policy=config.policy,
+            engine=f"kvstate simulator ({config.mode}, seed {config.seed})",
+        )
+        if journal is not None:
+            self.recorder = Recorder.open(
+                journal,
+                block_size=config.block_size,
+                world_size=config.world_size,
+                policy=config.policy,
+                engine=header.engine or "",
+                keep=True,
+                **({"clock": clock} if clock else {}),
+            )
+        else:
+            self.recorder = Recorder(header, keep=True, **({"clock": clock} if clock else {}))
+        self.journal = None if journal is None else os.fspath(journal)
+        inner = store if store is not None else st.MemoryStore(config.store_capacity_bytes)
+        self.base_store = inner
+        self.store: st.Store = (
+            FlakyStore(inner, config.failure_rate, random.Random(config.seed + 1))
+            if config.failure_rate
+            else inner
+        )
+        self.memory = memory or HostBlocks(config.blocks, config.block_bytes, config.world_size)
+        self.pool = BlockPool(config.blocks)
+        scheduler_cls, worker_cls = POLICIES[config.policy]
+        # The legacy ledgers take the set of old behaviours to run with.
+        policy = {"bugs": frozenset(config.legacy_bugs)} if config.policy == "legacy" else {}
+        self.sched_ledger: SchedulerLedger = scheduler_cls(self.recorder, strict=False, **policy)
+        self.engine = EngineScheduler(
+            self.pool,
+            self.memory,
+            block_size=config.block_size,
+            world_size=config.world_size,
+            token_budget=config.token_budget,
+        )
+        self.connector = StoreConnectorScheduler(
+            self.sched_ledger,
+            self.store,
+            model=config.model,
+            world_size=config.world_size,
+            save_decode_cache=config.save_decode_cache,
+        )
+        self.connector.bind_gpu_block_pool(self.pool)
+        self.engine.external_lookup = self.connector.get_num_new_matched_tokens
+        self.engine.load_external = lambda r, b, s, n: self.connector.load(r, b, s, n, self.memory)
+        self.engine.on_finished = self.connector.request_finished
+        latency_rng = random.Random(config.seed + 2)
+        self._latency_lock = threading.Lock()
+
+        def latency() -> float:
+            with self._latency_lock:
+                return latency_rng.expovariate(1.0 / config.store_latency_ms)
+
+        self.workers = [
+            StoreConnectorWorker(
+                rank,
+                worker_cls(rank, self.recorder, strict=False, **policy),
+                self.store,
+                self.memory,
+                model=config.model,
+                block_size=config.block_size,
+                latency=latency,
+            )
+            for rank in range(config.world_size)
+        ]
+        self.pending = workload(config)
+        self.sample = sampler(config.seed)
+        self.summary = Summary(config.policy, config.mode, requests=config.requests)
+        self._abort_rng = random.Random(config.seed + 3)
+        self.crashed = False
+
+    def _virtual_clock(self) -> int:
+        return self.virtual_ns
+
+    # -- one engine step -------------------------------------------------------------------
+
+    def engine_step(self) -> None:
+        """Arrivals, schedule, connector metadata, forward, finishes, completions."""
+        for _ in range(self.config.arrivals_per_step):
+            if self.pending:
+                self.engine.add_request(self.pending.pop(0))
+        if self.config.abort_rate:
+            for request in list(self.engine.waiting) + list(self.engine.running):
+                if self._abort_rng.random() < self.config.abort_rate:
+                    self.engine.abort(request.req_id)
+        output = self.engine.schedule()
+        meta = self.connector.build_connector_meta(output)
+        for worker in self.workers:
+            worker.handle_metadata(meta)  # registered before the sending thread can see them
+        self.engine.forward(output, self.sample)
+        self.engine.update_from_output()
+        completed = WorkerLedger.aggregate(w.build_connector_worker_meta() for w in self.workers)
+        self.connector.update_connector_output(completed)
+        retired = [w.get_finished() for w in self.workers]
+        for req, _gen in set.intersection(*retired) if retired else set():
+            if self.connector.finished_sending(req):
+                self.engine.release_delayed(req)
+        self._carry_over_retirement(retired)
+        self.sched_ledger.begin_step()
+
+    def _carry_over_retirement(self, retired: list[set[tuple[str, int]]]) -> None:
+        # A request finished on some ranks only counts once all have retired it.
+        everyone = set.intersection(*retired) if retired else set()
+        for worker, done in zip(self.workers, retired, strict=True):
+            worker._finishing |= done - everyone
+
+    def busy(self) -> bool:
+        return bool(
+            self.pending
+            or self.engine.has_unfinished()
+            or self.connector.has_pending_push_work()
+            or any(w.queue or w._finishing for w in self.workers)
+        )
+
+    # -- modes --------------------------------------------------------------------------------
+
+    def run(self, progress: Callable[[Summary], None] | None = None) -> Summary:
+        started = time.perf_counter()
+        try:
+            if self.config.mode == "deterministic":
+                self._run_virtual(progress)
+            else:
+                self._run_threaded(progress)
+        except LegacyCrash as crash:
+            self.crashed = True
+            self.sched_ledger.crashed(str(crash))
+        self.summary.elapsed_s = time.perf_counter() - started
+        if not self.crashed:
+            self.sched_ledger.idle()
+        self.audit()
+        self.recorder.flush()
+        self._count()
+        return self.summary
+
+    def _run_virtual(self, progress: Callable[[Summary], None] | None) -> None:
+        step_ns = int(self.config.step_ms * 1e6)
+        ranks: list[tuple[Generator[float, None, None] | None, int]] = [
+            (None, 0) for _ in self.workers
+        ]
+        next_step = 0
+        for _ in range(self.config.max_steps):
+            # Sending threads run until the next engine step, in virtual-time order.
+            while True:
+                ranks = [
+                    self._start_next(i, gen, at, next_step) for i, (gen, at) in enumerate(ranks)
+                ]
+                due = [
+                    (at, i)
+                    for i, (gen, at) in enumerate(ranks)
+                    if gen is not None and at < next_step
+                ]
+                if not due:
+                    break
+                at, i = min(due)
+                self.virtual_ns = at
+                gen = ranks[i][0]
+                try:
+                    delay = next(gen)  # type: ignore[arg-type]
+                    ranks[i] = (gen, at + int(delay * 1e6))
+                except StopIteration:
+                    ranks[i] = (None, at)
+            self.virtual_ns = next_step
+            self.engine_step()
+            self._progress(progress)
+            next_step += step_ns
+            if not self.busy() and all(g is None for g, _ in ranks):
+                return
+
+    def _start_next(
+        self, rank: int, gen: Generator[float, None, None] | None, at: int, now: int
+    ) -> tuple[Generator[float, None, None] | None, int]:
+        if gen is not None or not self.workers[rank].queue:
+            return gen, at
+        job = self.workers[rank].queue.popleft()
+        return self.workers[rank].run_job(job), max(at, now - int(self.config.step_ms * 1e6))
+
+    def _run_threaded(self, progress: Callable[[Summary], None] | None) -> None:
+        stop = threading.Event()
+        inboxes: list[queue.Queue[Any]] = [queue.Queue() for _ in self.workers]
+        errors: list[BaseException] = []
+
+        def sending_thread(worker: StoreConnectorWorker, inbox: queue.Queue[Any]) -> None:
+            while not stop.is_set() or not inbox.empty():
+                try:
+                    job = inbox.get(timeout=0.01)
+                except queue.Empty:
+                    continue
+                try:
+                    for delay in worker.run_job(job):
+                        time.sleep(delay / 1000.0)
+                except BaseException as exc:  # reported already; keep the thread alive
+                    errors.append(exc)
+                finally:
+                    inbox.task_done()
+
+        threads = [
+            threading.Thread(target=sending_thread, args=(w, q), daemon=True, name=f"send-{w.rank}")
+            for w, q in zip(self.workers, inboxes, strict=True)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            for _ in range(self.config.max_steps):
+                self.engine_step()
+                for worker, inbox in zip(self.workers, inboxes, strict=True):
+                    while worker.queue:
+                        inbox.put(worker.queue.popleft())
+                self._progress(progress)
+                time.sleep(self.config.step_ms / 1000.0)
+                if not self.busy() and all(q.unfinished_tasks == 0 for q in inboxes):
+                    break
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=10)
+
+    def _progress(self, progress: Callable[[Summary], None] | None) -> None:
+        self.summary.steps = self.engine.step
+        self.summary.finished = sum(
+            1 for r in self.engine.requests.values() if r.status == "finished"
+        )
+        if progress is not None:
+            progress(self.summary)
+
+    # -- the audit ------------------------------------------------------------------------------
+
+    def audit(self) -> None:
+        """Read every stored key back and compare it with the KV its key names."""
+        size = self.memory.block_bytes
+        keys = self.base_store.keys() if hasattr(self.base_store, "keys") else []
+        poisoned = 0
+        for key in keys:
+            rank = int(key.split("@tp_rank:")[1].split("@")[0])
+            block_hash = bytes.fromhex(key.rsplit("@", 1)[1])
+            buffer = bytearray(size)
+            self.base_store.batch_get_into([key], [memoryview(buffer)])
+            expected = full_block_kv(block_hash, rank, size)
+            ok = bytes(buffer) == expected
+            poisoned += not ok
+            event = ev.KeyVerified(
+                key=key, ok=ok, expected=short(expected), actual=short(bytes(buffer))
+            )
+            self.recorder.record(event, self.sched_ledger.step)
+        self.recorder.commit()
+        self.summary.keys_stored = len(keys)
+        self.summary.poisoned_keys = poisoned
+
+    def _count(self) -> None:
+        s = self.summary
+        requests = self.engine.requests.values()
+        s.finished = sum(1 for r in requests if r.status == "finished" and not r.aborted)
+        s.aborted = sum(1 for r in requests if r.aborted)
+        s.steps = self.engine.step
+        s.store_jobs = self.connector.jobs
+        s.preemptions = self.engine.preemptions
+        s.bytes_moved = sum(w.bytes_moved for w in self.workers)
+        s.loads = len(self.connector.load_checks)
+        s.wrong_kv_requests = len({req for req, _g, _k, ok in self.connector.load_checks if not ok})
+        s.crashes = int(self.crashed)
+        s.journal = self.journal
+        ledger = Ledger()
+        found = Counter(
+            v.code.value for v in ledger.fold(self.recorder.entries or []) if not v.is_warning
+        )
+        s.violations = dict(sorted(found.items()))
+        s.leaked_pins = found.get("LEAKED_PIN", 0)
+
+    def close(self) -> None:
+        self.recorder.close()
+
+
+def simulate(config: SimConfig, journal: str | None = None, **kwargs: Any) -> Summary:
+    """Run one simulation to the end and close its journal."""
+    sim = Simulation(config, journal=journal, **kwargs)
+    try:
+        return sim.run()
+    finally:
+        sim.close()
