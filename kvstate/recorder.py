@@ -75,6 +75,7 @@ class Recorder:
         world_size: int,
         background: bool = True,
         keep: bool = False,
+        clock: Callable[[], int] = time.monotonic_ns,
         **descriptive: str,
     ) -> Recorder:
         """A recorder writing a new journal database at ``path``.
@@ -91,7 +92,7 @@ class Recorder:
         header = JournalOpened(
             version=1, block_size=block_size, world_size=world_size, **descriptive
         )
-        return cls(header, writer, keep=keep)
+        return cls(header, writer, keep=keep, clock=clock)
 
     @classmethod
     def in_memory(cls, *, block_size: int, world_size: int, **descriptive: str) -> Recorder:

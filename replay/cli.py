@@ -24,7 +24,13 @@ from kvstate.recorder import journal_views
 from . import export, timeline
 from .engine import replay
 from .minimize import minimize
-from .report import lanes_table, needed_records, print_report, report_console
+from .report import (
+    lanes_table,
+    needed_records,
+    print_report,
+    report_console,
+    summary_line,
+)
 from .sources import collect, entries, read_path
 
 EXIT_CLEAN = 0
@@ -218,6 +224,90 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the engine simulator, journal it, audit the store, print a summary."""
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from kvstate.legacy import BUGS
+    from kvstate.sim.runtime import SimConfig, Simulation
+
+    bugs = tuple(sorted(BUGS)) if args.legacy_bugs == "all" else None
+    if args.legacy_bugs not in (None, "all"):
+        bugs = tuple(b.strip() for b in args.legacy_bugs.split(",") if b.strip())
+    try:
+        config = SimConfig(
+            requests=args.requests,
+            prompt_len=args.prompt_len,
+            output_len=args.output_len,
+            shared_prefixes=args.shared_prefixes,
+            prefix_share=args.prefix_share,
+            followups=args.followups,
+            blocks=args.blocks,
+            block_size=args.block_size,
+            world_size=args.world_size,
+            token_budget=args.budget,
+            store_latency_ms=args.store_latency,
+            failure_rate=args.failure_rate,
+            abort_rate=args.abort_rate,
+            save_decode_cache=args.save_decode_cache,
+            seed=args.seed,
+            policy=args.policy,
+            mode=args.mode,
+            **({"legacy_bugs": bugs} if bugs is not None else {}),
+        )
+        if os.path.exists(args.journal):
+            raise JournalError(f"{args.journal}: already exists; refusing to overwrite")
+        sim = Simulation(config, journal=args.journal)
+    except (ValueError, JournalError, OSError) as exc:
+        return _unusable(exc, as_json=False)
+    console = report_console()
+    with Progress(
+        TextColumn(f"[bold]{config.policy}[/] {config.mode}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} requests · step {task.fields[step]}"),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as bar:
+        task = bar.add_task("run", total=config.requests, step=0)
+        summary = sim.run(lambda s: bar.update(task, completed=s.finished, step=s.steps))
+    sim.close()
+    console.print(summary_table([summary]))
+    verdict = replay([args.journal])
+    console.print(summary_line(verdict))
+    console.print(Text(f"journal: {args.journal}; explain it with: kvstate replay {args.journal}"))
+    return verdict.exit_status
+
+
+def summary_table(summaries: list) -> Table:  # type: ignore[type-arg]
+    """Runs side by side: what they did and what went wrong."""
+    table = Table(box=box.SIMPLE_HEAD)
+    table.add_column("")
+    for s in summaries:
+        table.add_column(f"{s.policy} policy", justify="right")
+    rows = [
+        ("requests finished", lambda s: f"{s.finished}/{s.requests}"),
+        ("engine steps", lambda s: s.steps),
+        ("store jobs", lambda s: s.store_jobs),
+        ("preemptions", lambda s: s.preemptions),
+        ("bytes moved", lambda s: s.bytes_moved),
+        ("throughput", lambda s: f"{s.throughput_mb_s:.1f} MB/s"),
+        ("loads from the store", lambda s: s.loads),
+        ("requests that read wrong KV", lambda s: s.wrong_kv_requests),
+        ("poisoned keys", lambda s: f"{s.poisoned_keys} of {s.keys_stored}"),
+        ("crashes", lambda s: s.crashes),
+        ("leaked pins", lambda s: s.leaked_pins),
+    ]
+    for name, value in rows:
+        table.add_row(name, *(Text(str(value(s))) for s in summaries))
+    codes = sorted({c for s in summaries for c in s.violations})
+    for code in codes:
+        table.add_row(f"replay: {code}", *(Text(str(s.violations.get(code, 0))) for s in summaries))
+    if not codes:
+        table.add_row("replay violations", *(Text("0") for _ in summaries))
+    return table
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kvstate",
@@ -279,6 +369,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("destination")
     p.add_argument("--keep-partial", action="store_true", help="keep DESTINATION on error")
     p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser(
+        "run",
+        help="run the engine simulator on the ledgers and journal it",
+        description="A vLLM-shaped engine (continuous batching, chunked prefill, preemption "
+        "under KV pressure, prefix caching) with a store connector on the ledgers, against "
+        "the in-memory store. Audits every stored key at the end. Exit status: the replay "
+        "verdict of the journal it wrote (0 clean, 1 violations).",
+    )
+    p.add_argument("--journal", default="run.db", help="journal database to write (run.db)")
+    p.add_argument("--policy", choices=("kvstate", "legacy"), default="kvstate")
+    p.add_argument(
+        "--legacy-bugs",
+        metavar="LIST",
+        help="old behaviours for --policy legacy: 'all' or a comma list "
+        "(default: the connector before vLLM #52372)",
+    )
+    p.add_argument("--mode", choices=("deterministic", "threaded"), default="deterministic")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--requests", type=int, default=96)
+    p.add_argument("--prompt-len", type=int, default=80)
+    p.add_argument("--output-len", type=int, default=24)
+    p.add_argument("--shared-prefixes", type=int, default=3, help="distinct shared prefixes")
+    p.add_argument("--prefix-share", type=float, default=0.6, help="prompt fraction shared")
+    p.add_argument("--followups", type=float, default=0.4, help="fraction continuing a prompt")
+    p.add_argument("--blocks", type=int, default=40, help="device blocks in the pool")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--budget", type=int, default=256, help="tokens per engine step")
+    p.add_argument("--store-latency", type=float, default=3.0, help="mean ms per store call")
+    p.add_argument("--failure-rate", type=float, default=0.0, help="puts that fail")
+    p.add_argument("--abort-rate", type=float, default=0.0, help="per request per step")
+    p.add_argument("--save-decode-cache", action="store_true", help="also save decode blocks")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
         "zoo",

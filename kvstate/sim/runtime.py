@@ -46,7 +46,7 @@ from .pool import BlockPool
 class SimConfig:
     """Every knob of a run. The defaults are a preemption-heavy workload."""
 
-    requests: int = 48
+    requests: int = 96
     prompt_len: int = 80
     output_len: int = 24
     shared_prefixes: int = 3
