@@ -120,6 +120,7 @@ class EngineScheduler:
         self.step = 0
         self.preemptions = 0
         self._finished_since_last: list[tuple[str, int]] = []
+        self._preempted_since_last: list[tuple[str, int]] = []
         #: set by the connector: (request, local hit tokens) -> extra tokens loaded from the store
         self.external_lookup: Callable[[Request, int], int] | None = None
         #: set by the connector: writes the loaded blocks; called after allocation
@@ -171,10 +172,16 @@ class EngineScheduler:
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    def _preempt(self, request: Request, preempted: list[tuple[str, int]]) -> None:
+    def preempt(self, req_id: str) -> None:
+        """Preempt a running request now (recompute mode). The next scheduler output
+        reports it; within a step the engine preempts only from :meth:`schedule`,
+        whose output the connector sees at once."""
+        self._preempt(self.requests[req_id])
+
+    def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.pool.free_blocks(reversed(request.blocks))
-        preempted.append((request.req_id, request.gen))
+        self._preempted_since_last.append((request.req_id, request.gen))
         request.blocks = []
         request.num_computed = 0
         request.status = PREEMPTED
@@ -189,7 +196,6 @@ class EngineScheduler:
         resumed: set[str] = set()
         new_blocks: dict[str, list[int]] = {}
         cached_blocks: dict[str, list[int]] = {}
-        preempted: list[tuple[str, int]] = []
         scheduled: dict[str, int] = {}
 
         for request in list(self.running):
@@ -200,7 +206,7 @@ class EngineScheduler:
             n = min(request.num_tokens - request.num_computed, budget)
             need = self._blocks_for(request.num_computed + n) - len(request.blocks)
             while need > self.pool.num_free and request.status == RUNNING:
-                self._preempt(self.running[-1], preempted)  # the newest goes back to waiting
+                self._preempt(self.running[-1])  # the newest goes back to waiting
             if request.status != RUNNING:
                 continue
             allocated = self.pool.allocate(need) or []
@@ -228,6 +234,7 @@ class EngineScheduler:
             self.running.append(request)
 
         finished, self._finished_since_last = self._finished_since_last, []
+        preempted, self._preempted_since_last = self._preempted_since_last, []
         tables = {r.req_id: r.blocks for r in self.running}
         return SchedulerOutput(
             self.step,

@@ -261,6 +261,7 @@ class Simulation:
                 if self._abort_rng.random() < self.config.abort_rate:
                     self.engine.abort(request.req_id)
         output = self.engine.schedule()
+        self.sched_ledger.begin_step(output.step)  # commits the previous step's records
         meta = self.connector.build_connector_meta(output)
         for worker in self.workers:
             worker.handle_metadata(meta)  # registered before the sending thread can see them
@@ -273,7 +274,6 @@ class Simulation:
             if self.connector.finished_sending(req):
                 self.engine.release_delayed(req)
         self._carry_over_retirement(retired)
-        self.sched_ledger.begin_step()
 
     def _carry_over_retirement(self, retired: list[set[tuple[str, int]]]) -> None:
         # A request finished on some ranks only counts once all have retired it.
