@@ -152,3 +152,22 @@ def test_legacy_connector_reads_reused_blocks() -> None:
     pressure(fixed)  # the pins keep c's blocks: the engine preempts "a" too instead
     drain(fixed)
     assert replay_violations(fixed) == []
+
+
+def test_consumer_saves_only_with_save_decode_cache_and_backfills_the_prompt() -> None:
+    quiet = make(kv_role="kv_consumer")
+    quiet.engine.add_request(request("a", 8, out=8))
+    for _ in range(8):
+        quiet.engine_step()
+    assert kinds(quiet, "job_enqueued") == []
+
+    sim = make(kv_role="kv_consumer", save_decode_cache=True)
+    sim.engine.add_request(request("a", 6, out=10))
+    for _ in range(10):
+        sim.engine_step()
+        drain(sim)
+    jobs = [(j.token_start, j.token_end) for j in kinds(sim, "job_enqueued")]
+    # nothing during the 6-token prefill; the first decode step backfills the
+    # prompt's full block, and each later save adds only the block it filled
+    assert jobs == [(0, 4), (4, 8), (8, 12)]
+    assert replay_violations(sim) == []

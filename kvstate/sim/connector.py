@@ -83,8 +83,12 @@ class StoreConnectorScheduler:
         model: str,
         world_size: int,
         save_decode_cache: bool = False,
+        kv_role: str = "kv_producer",
     ) -> None:
+        if kv_role not in ("kv_producer", "kv_consumer"):
+            raise ValueError(f"unknown kv_role {kv_role!r}")
         self.ledger = ledger
+        self.kv_role = kv_role
         self.store = store
         self.model = model
         self.block_size = ledger.block_size
@@ -167,7 +171,7 @@ class StoreConnectorScheduler:
         self._journal_loads()
         jobs = []
         for request in (*out.scheduled_new_reqs, *out.scheduled_cached_reqs):
-            job = self._save(request, out.num_scheduled_tokens[request.req_id])
+            job = self._save(request, out.num_scheduled_tokens[request.req_id], out)
             if job is not None:
                 jobs.append(job)
         finished, self._finished = tuple(self._finished), []
@@ -188,20 +192,35 @@ class StoreConnectorScheduler:
                 self.load_checks.append((req, gen, key, ok))
         self._loads = []
 
-    def _save(self, request: Request, scheduled: int) -> JobMeta | None:
+    def _save(self, request: Request, scheduled: int, out: SchedulerOutput) -> JobMeta | None:
         """A store job when this step completes a block: the step that fills it,
-        whether or not it allocates one. Only full blocks; decode blocks only
-        with ``save_decode_cache``."""
+        whether or not it allocates one. Only full blocks.
+
+        A producer saves its prefill; with ``save_decode_cache`` decode blocks
+        too. A consumer saves nothing during prefill; with
+        ``save_decode_cache`` its first decode save backfills the block-aligned
+        prompt, then each save covers only the new blocks.
+        """
         bs = self.block_size
         tracker = self._trackers.setdefault(request.req_id, _Tracker(request.gen))
         done = request.num_computed + scheduled
+        decoding = request.num_computed >= request.prefill_end
+        if self.kv_role == "kv_consumer" and not (self.save_decode_cache and decoding):
+            return None
         limit = done if self.save_decode_cache else min(done, request.prefill_end)
         token_end = limit // bs * bs
         if token_end <= tracker.saved:
             return None
         hashes = tuple(request.full_hashes(bs)[: token_end // bs])
         keys = tuple(journal_key(self.model, h) for h in hashes)
-        job = self.ledger.enqueue_store_job(request.req_id, tracker.saved, token_end, keys)
+        # The engine's current table, offered for every scheduled request: the
+        # DMA reads these. Pins come from the ledger's table; if the two ever
+        # disagree, replay reports the read as FOREIGN_BLOCK_READ.
+        table = out.block_state.get_block_ids(request.req_id) or []
+        reads = table[: token_end // bs]
+        job = self.ledger.enqueue_store_job(
+            request.req_id, tracker.saved, token_end, keys, reads=reads
+        )
         state = self.ledger.job(job)
         if self.pool is not None and state.pins:
             self.pool.touch(state.pins)  # held until every rank reports the job

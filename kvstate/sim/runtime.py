@@ -63,6 +63,7 @@ class SimConfig:
     abort_rate: float = 0.0
     store_capacity_bytes: int | None = None
     save_decode_cache: bool = False
+    kv_role: str = "kv_producer"
     step_ms: float = 1.0
     seed: int = 0
     policy: str = "kvstate"
@@ -216,6 +217,7 @@ class Simulation:
             model=config.model,
             world_size=config.world_size,
             save_decode_cache=config.save_decode_cache,
+            kv_role=config.kv_role,
         )
         self.connector.bind_gpu_block_pool(self.pool)
         self.engine.external_lookup = self.connector.get_num_new_matched_tokens
