@@ -250,6 +250,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             failure_rate=args.failure_rate,
             abort_rate=args.abort_rate,
             save_decode_cache=args.save_decode_cache,
+            kv_role=args.kv_role,
             seed=args.seed,
             policy=args.policy,
             mode=args.mode,
@@ -402,6 +403,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--failure-rate", type=float, default=0.0, help="puts that fail")
     p.add_argument("--abort-rate", type=float, default=0.0, help="per request per step")
     p.add_argument("--save-decode-cache", action="store_true", help="also save decode blocks")
+    p.add_argument(
+        "--kv-role",
+        choices=("kv_producer", "kv_consumer"),
+        default="kv_producer",
+        help="a consumer saves only decode blocks, and only with --save-decode-cache",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
