@@ -278,7 +278,8 @@ class StoreConnectorWorker:
         self.block_size = block_size
         self.latency = latency
         self.queue: deque[JobMeta] = deque()
-        self._finishing: set[tuple[str, int]] = set()
+        #: finished incarnations this rank has not retired yet
+        self.finishing: set[tuple[str, int]] = set()
         self.bytes_moved = 0
 
     def handle_metadata(self, meta: ConnectorMetadata) -> None:
@@ -289,16 +290,16 @@ class StoreConnectorWorker:
         for job in meta.jobs:
             self.ledger.register(JobSpec(job.job, job.req, job.gen, job.keys))
             self.queue.append(job)
-        self._finishing.update(meta.finished)
+        self.finishing.update(meta.finished)
 
     def get_finished(self) -> set[tuple[str, int]]:
         """Finished incarnations whose saves are all done on this rank (retired now)."""
         done = set()
-        for req, gen in sorted(self._finishing):
+        for req, gen in sorted(self.finishing):
             state = self.ledger.state.requests.get(req)
             if (state is not None and state.gen > gen) or self.ledger.retire(req, gen):
                 done.add((req, gen))
-        self._finishing -= done
+        self.finishing -= done
         return done
 
     def build_connector_worker_meta(self) -> dict[int, int]:

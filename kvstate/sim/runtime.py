@@ -247,6 +247,7 @@ class Simulation:
         self.summary = Summary(config.policy, config.mode, requests=config.requests)
         self._abort_rng = random.Random(config.seed + 3)
         self.crashed = False
+        self._retired: dict[tuple[str, int], set[int]] = {}
 
     def _virtual_clock(self) -> int:
         return self.virtual_ns
@@ -271,24 +272,24 @@ class Simulation:
         self.engine.update_from_output()
         completed = WorkerLedger.aggregate(w.build_connector_worker_meta() for w in self.workers)
         self.connector.update_connector_output(completed)
-        retired = [w.get_finished() for w in self.workers]
-        for req, _gen in set.intersection(*retired) if retired else set():
-            if self.connector.finished_sending(req):
-                self.engine.release_delayed(req)
-        self._carry_over_retirement(retired)
-
-    def _carry_over_retirement(self, retired: list[set[tuple[str, int]]]) -> None:
-        # A request finished on some ranks only counts once all have retired it.
-        everyone = set.intersection(*retired) if retired else set()
-        for worker, done in zip(self.workers, retired, strict=True):
-            worker._finishing |= done - everyone
+        # Like vLLM's output aggregator: a request has finished sending once
+        # every rank has retired it, in whatever steps they did.
+        for worker in self.workers:
+            for incarnation in worker.get_finished():
+                ranks = self._retired.setdefault(incarnation, set())
+                ranks.add(worker.rank)
+                if len(ranks) == len(self.workers):
+                    del self._retired[incarnation]
+                    if self.connector.finished_sending(incarnation[0]):
+                        self.engine.release_delayed(incarnation[0])
 
     def busy(self) -> bool:
         return bool(
             self.pending
             or self.engine.has_unfinished()
             or self.connector.has_pending_push_work()
-            or any(w.queue or w._finishing for w in self.workers)
+            or self._retired
+            or any(w.queue or w.finishing for w in self.workers)
         )
 
     # -- modes --------------------------------------------------------------------------------
