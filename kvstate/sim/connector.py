@@ -281,6 +281,8 @@ class StoreConnectorWorker:
         #: finished incarnations this rank has not retired yet
         self.finishing: set[tuple[str, int]] = set()
         self.bytes_moved = 0
+        #: keys this rank put (the audit reads every one of them back)
+        self.stored_keys: set[str] = set()
 
     def handle_metadata(self, meta: ConnectorMetadata) -> None:
         """Learn of ended incarnations first, then register each job before queueing it."""
@@ -325,7 +327,11 @@ class StoreConnectorWorker:
                 run.skip("empty")
             keys = [rank_key(self.model, self.rank, h) for h in job.hashes[first:last]]
             yield self.latency()
-            exists = self.store.batch_exist(keys)
+            try:
+                exists = self.store.batch_exist(keys)
+            except st.StoreError as exc:
+                run.put_failed(str(exc))
+                return
             missing = [i for i, present in enumerate(exists) if not present]
             if not missing:
                 run.put_done(stored=0, existed=len(keys))
@@ -334,12 +340,14 @@ class StoreConnectorWorker:
             blocks = [job.reads[first + i] for i in missing]
             run.dma_started()
             yield self.latency() / 4
-            data = self.memory.read(self.rank, blocks)  # what the blocks hold *now*
-            run.dma_done(digest=short(hashlib.blake2b(b"".join(data), digest_size=8).digest()))
+            views = self.memory.stage(self.rank, blocks)  # what the blocks hold *now*
+            digest = hashlib.blake2b(digest_size=8)
+            for view in views:
+                digest.update(view)
+            run.dma_done(digest=short(digest.digest()))
             yield self.latency()
-            codes = self.store.batch_put_from(
-                [keys[i] for i in missing], [memoryview(d) for d in data]
-            )
+            put_keys = [keys[i] for i in missing]
+            codes = self.store.batch_put_from(put_keys, views)
             failed = [c for c in codes if c < 0]
             if failed:
                 run.put_failed(st.describe(failed[0]))
@@ -347,7 +355,8 @@ class StoreConnectorWorker:
                     run.mark_skipped()
                 run.set_retry_tokens(start, job.token_end - start)
                 return
-            self.bytes_moved += sum(len(d) for d in data)
+            self.bytes_moved += sum(len(v) for v in views)
+            self.stored_keys.update(put_keys)
             run.put_done(stored=len(missing), existed=len(keys) - len(missing))
             run.publish_kv_events([job.keys[first + i] for i in missing])
             run.save_offset(job.token_end)

@@ -162,7 +162,7 @@ class Simulation:
         config: SimConfig,
         *,
         journal: str | os.PathLike[str] | None = None,
-        store: st.Store | None = None,
+        stores: list[st.Store] | None = None,
         memory: BlockMemory | None = None,
         clock: Callable[[], int] | None = None,
     ) -> None:
@@ -191,13 +191,18 @@ class Simulation:
         else:
             self.recorder = Recorder(header, keep=True, **({"clock": clock} if clock else {}))
         self.journal = None if journal is None else os.fspath(journal)
-        inner = store if store is not None else st.MemoryStore(config.store_capacity_bytes)
-        self.base_store = inner
-        self.store: st.Store = (
-            FlakyStore(inner, config.failure_rate, random.Random(config.seed + 1))
-            if config.failure_rate
-            else inner
-        )
+        # One store client per rank (a real store puts each rank in its own
+        # segment); the in-memory store is one object shared by every rank.
+        if stores is None:
+            stores = [st.MemoryStore(config.store_capacity_bytes)] * config.world_size
+        if len(stores) != config.world_size:
+            raise ValueError(f"{len(stores)} store clients for {config.world_size} ranks")
+        self.base_stores = stores
+        flaky = random.Random(config.seed + 1)
+        self.stores: list[st.Store] = [
+            FlakyStore(s, config.failure_rate, flaky) if config.failure_rate else s for s in stores
+        ]
+        self.store = self.stores[0]
         self.memory = memory or HostBlocks(config.blocks, config.block_bytes, config.world_size)
         self.pool = BlockPool(config.blocks)
         scheduler_cls, worker_cls = POLICIES[config.policy]
@@ -234,7 +239,7 @@ class Simulation:
             StoreConnectorWorker(
                 rank,
                 worker_cls(rank, self.recorder, strict=False, **policy),
-                self.store,
+                self.stores[rank],
                 self.memory,
                 model=config.model,
                 block_size=config.block_size,
@@ -407,13 +412,14 @@ class Simulation:
     def audit(self) -> None:
         """Read every stored key back and compare it with the KV its key names."""
         size = self.memory.block_bytes
-        keys = self.base_store.keys() if hasattr(self.base_store, "keys") else []
+        keys = sorted(set().union(*(w.stored_keys for w in self.workers)))
+        reader = self.base_stores[0]
         poisoned = 0
         for key in keys:
             rank = int(key.split("@tp_rank:")[1].split("@")[0])
             block_hash = bytes.fromhex(key.rsplit("@", 1)[1])
             buffer = bytearray(size)
-            self.base_store.batch_get_into([key], [memoryview(buffer)])
+            reader.batch_get_into([key], [memoryview(buffer)])
             expected = full_block_kv(block_hash, rank, size)
             ok = bytes(buffer) == expected
             poisoned += not ok

@@ -36,6 +36,14 @@ class StoreClosed(RuntimeError):
     """A call on a store after ``close()``."""
 
 
+class StoreError(RuntimeError):
+    """A store call failed as a whole (for example: the master is unreachable)."""
+
+    def __init__(self, code: int, what: str) -> None:
+        self.code = code
+        super().__init__(f"{what}: {describe(code)}")
+
+
 class Store(Protocol):
     """What the connector needs from a KV store."""
 

@@ -1,0 +1,95 @@
+"""``kvstate demo``: one seeded, preemption-heavy workload under the legacy
+connector and under the ledgers, against a real Mooncake store.
+
+Each policy gets a fresh local master (so the legacy run's poisoned keys
+cannot leak into the fixed run), one Mooncake client per rank, block memory
+in torch tensors, and its own journal. Where Mooncake cannot run (no
+package, no ``libibverbs1``, no master), the demo says so and uses the
+in-memory store instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+
+import attrs
+
+from ..sim import store as st
+from ..sim.device import BlockMemory, HostBlocks
+from ..sim.runtime import SimConfig, Simulation, Summary
+
+
+@attrs.frozen
+class DemoRun:
+    summary: Summary
+    journal: str
+
+
+def mooncake_problem() -> str | None:
+    """Why Mooncake cannot run here, or None when it can."""
+    try:
+        import mooncake.store  # noqa: F401
+    except ImportError as exc:
+        return f"cannot import mooncake.store ({exc})"
+    from .master import find_executable
+
+    if find_executable() is None:
+        return "mooncake_master is not installed"
+    return None
+
+
+def _memory(config: SimConfig) -> BlockMemory:
+    try:
+        from .torch_blocks import TorchBlocks
+    except ImportError:
+        return HostBlocks(config.blocks, config.block_bytes, config.world_size)
+    try:
+        return TorchBlocks(config.blocks, config.block_bytes, config.world_size)
+    except ImportError:
+        return HostBlocks(config.blocks, config.block_bytes, config.world_size)
+
+
+@contextlib.contextmanager
+def _mooncake_stores(config: SimConfig, memory: BlockMemory) -> Iterator[list[st.Store]]:
+    from .master import MooncakeMaster
+    from .mooncake import MooncakeStore
+
+    segment = max(64 << 20, 4 * config.blocks * config.block_bytes * config.requests // 8)
+    with MooncakeMaster() as address:
+        stores = [MooncakeStore(address, segment_bytes=segment) for _ in range(config.world_size)]
+        try:
+            staging = getattr(memory, "staging_area", None)
+            if staging is not None:
+                for rank, client in enumerate(stores):
+                    client.register(staging(rank))
+            yield list(stores)
+        finally:
+            for client in stores:
+                client.close()
+
+
+def run_policy(
+    config: SimConfig,
+    journal: str,
+    *,
+    use_mooncake: bool,
+    progress: Callable[[Summary], None] | None = None,
+) -> DemoRun:
+    """Run the workload under ``config.policy`` and write its journal."""
+    memory = _memory(config)
+    if use_mooncake:
+        with _mooncake_stores(config, memory) as stores:
+            sim = Simulation(config, journal=journal, stores=stores, memory=memory)
+            summary = sim.run(progress)
+            sim.close()
+    else:
+        sim = Simulation(config, journal=journal, memory=memory)
+        summary = sim.run(progress)
+        sim.close()
+    return DemoRun(summary, journal)
+
+
+def journal_path(out: str, policy: str) -> str:
+    return os.path.join(out, f"{policy}.db")

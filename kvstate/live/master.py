@@ -1,0 +1,143 @@
+"""The Mooncake master as a subprocess we start, wait for, and stop.
+
+:class:`MooncakeMaster` starts ``mooncake_master`` with its HTTP metadata
+server on free loopback ports, waits until both the metadata server and the
+RPC port accept connections, and stops it on exit: also on Ctrl-C and on
+errors, because it is a context manager. :func:`existing_master` describes a
+master someone else runs, after checking that it answers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from urllib.parse import urlparse
+
+import attrs
+
+
+class MasterError(RuntimeError):
+    """The master could not be started or reached."""
+
+
+@attrs.frozen
+class MasterAddress:
+    """Where clients find a master: its metadata URL and its RPC address."""
+
+    metadata_url: str
+    rpc_address: str
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=0.2).close()
+    except OSError:
+        return False
+    return True
+
+
+def find_executable() -> str | None:
+    """``mooncake_master`` next to this Python (a virtual environment), or on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mooncake_master")
+    if os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("mooncake_master")
+
+
+class MooncakeMaster:
+    """A local master on free loopback ports, for one run or one test session."""
+
+    def __init__(
+        self,
+        executable: str | None = None,
+        *,
+        startup_timeout: float = 30.0,
+        log_path: str | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.executable = executable or find_executable()
+        self.startup_timeout = startup_timeout
+        self.log_path = log_path
+        self.extra_args = extra_args
+        self.process: subprocess.Popen[bytes] | None = None
+        self.address: MasterAddress | None = None
+
+    def start(self) -> MasterAddress:
+        if self.executable is None:
+            raise MasterError(
+                "mooncake_master not found: install the 'mooncake' extra "
+                "(mooncake-transfer-engine-non-cuda)"
+            )
+        metadata, rpc, metrics = _free_port(), _free_port(), _free_port()
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self.process = subprocess.Popen(
+                [
+                    self.executable,
+                    "--enable_http_metadata_server=true",
+                    f"--http_metadata_server_port={metadata}",
+                    f"--rpc_port={rpc}",
+                    f"--metrics_port={metrics}",
+                    *self.extra_args,
+                ],
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # Ctrl-C reaches us, and we stop it ourselves
+            )
+        finally:
+            if self.log_path:
+                log.close()  # type: ignore[union-attr]
+        deadline = time.monotonic() + self.startup_timeout
+        while not (_answers("127.0.0.1", metadata) and _answers("127.0.0.1", rpc)):
+            if self.process.poll() is not None:
+                raise MasterError(f"mooncake_master exited with status {self.process.returncode}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise MasterError(f"mooncake_master did not answer in {self.startup_timeout} s")
+            time.sleep(0.05)
+        self.address = MasterAddress(f"http://127.0.0.1:{metadata}/metadata", f"127.0.0.1:{rpc}")
+        return self.address
+
+    def stop(self) -> None:
+        """Stop the master (SIGTERM, then SIGKILL after 5 s); idempotent."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def __enter__(self) -> MasterAddress:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def existing_master(metadata_url: str, rpc_address: str) -> MasterAddress:
+    """A master run elsewhere; raises :class:`MasterError` unless both ends answer.
+
+    (A client set up against a master that does not answer blocks for about
+    90 s before it fails, so check first.)
+    """
+    meta = urlparse(metadata_url)
+    host, _, port = rpc_address.rpartition(":")
+    if not (meta.hostname and meta.port and _answers(meta.hostname, meta.port)):
+        raise MasterError(f"no metadata server answers at {metadata_url}")
+    if not (host and port.isdigit() and _answers(host, int(port))):
+        raise MasterError(f"no master answers at {rpc_address}")
+    return MasterAddress(metadata_url, rpc_address)

@@ -1,0 +1,21 @@
+"""Shared fixtures. The Mooncake master is a real subprocess, started once per
+test session on free loopback ports and stopped at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def mooncake_master() -> Iterator[object]:
+    from kvstate.live.demo import mooncake_problem
+    from kvstate.live.master import MooncakeMaster
+
+    problem = mooncake_problem()
+    if problem is not None:
+        # Not a skip: `make test` installs Mooncake, so this is a broken setup.
+        pytest.fail(f"Mooncake cannot run: {problem}")
+    with MooncakeMaster() as address:
+        yield address
