@@ -339,6 +339,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
         runs.append(run)
     console.print(summary_table([r.summary for r in runs]))
+    if use_mooncake:
+        console.print(Text(f"Mooncake's own log: {os.path.join(args.out, 'mooncake.log')}"))
     legacy, fixed = runs[0].summary, runs[1].summary
     console.print(Text("Inspect the journals:", style="bold"))
     for line in (

@@ -27,6 +27,27 @@ class DemoRun:
     journal: str
 
 
+@contextlib.contextmanager
+def native_logs_to(path: str) -> Iterator[None]:
+    """Send what native code writes to stderr (Mooncake's glog lines) to ``path``.
+
+    The client logs every setup, transfer-engine detail and teardown on file
+    descriptor 2; the demo's table belongs on the terminal, the log in a file.
+    """
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def mooncake_problem() -> str | None:
     """Why Mooncake cannot run here, or None when it can."""
     try:
@@ -80,7 +101,8 @@ def run_policy(
     """Run the workload under ``config.policy`` and write its journal."""
     memory = _memory(config)
     if use_mooncake:
-        with _mooncake_stores(config, memory) as stores:
+        log = os.path.join(os.path.dirname(journal) or ".", "mooncake.log")
+        with native_logs_to(log), _mooncake_stores(config, memory) as stores:
             sim = Simulation(config, journal=journal, stores=stores, memory=memory)
             summary = sim.run(progress)
             sim.close()
