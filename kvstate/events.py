@@ -133,6 +133,12 @@ class Event:
 
     extra: Mapping[str, Any] = attrs.field(default=_EMPTY, kw_only=True, repr=False)
 
+    def __copy__(self) -> Event:
+        return self  # immutable: a copy would be the same value
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Event:
+        return self
+
 
 def _kind(name: str, side: str):  # type: ignore[no-untyped-def]
     """Register an event class under its journal kind name."""

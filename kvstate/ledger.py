@@ -15,6 +15,7 @@ quiescence checks (leaked pins, missing reports, held blocks) run at
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -638,6 +639,10 @@ class Ledger:
         )
 
     # -- views -------------------------------------------------------------------------
+
+    def snapshot(self) -> Ledger:
+        """An independent copy to fold on from (time travel keeps a few of these)."""
+        return copy.deepcopy(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The ledger as plain data (for ``--at`` and the inspector)."""

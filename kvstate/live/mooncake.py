@@ -108,3 +108,6 @@ class MooncakeStore:
             for ptr in self._registered:
                 self._client.unregister_buffer(ptr)
             self._client.close()
+            # Drop the native object now: its destructor logs and tears down
+            # at this point, not at interpreter exit after everything else.
+            self._client = None
