@@ -130,14 +130,21 @@ class Journal:
     def __len__(self) -> int:
         return self._conn.execute(f"SELECT count(*) FROM {_schema.TABLE}").fetchone()[0]
 
-    def records(self, *, after: int = 0, verify: bool = True) -> Iterator[Record]:
-        """Stream the records with ``seq > after`` in seq order.
+    def records(
+        self, *, after: int = 0, upto: int | None = None, verify: bool = True
+    ) -> Iterator[Record]:
+        """Stream the records with ``after < seq <= upto`` in seq order.
 
         With ``verify`` each digest is recomputed and a break in the chain
         raises :class:`TamperedError` naming the first bad seq.
         """
         previous = self._digest_before(after) if verify else _chain.GENESIS
-        cursor = self._conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq", (after,))
+        if upto is None:
+            cursor = self._conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq", (after,))
+        else:
+            cursor = self._conn.execute(
+                f"{_SELECT} WHERE seq > ? AND seq <= ? ORDER BY seq", (after, upto)
+            )
         for row in cursor:
             record, previous = self._decode(row, previous, verify)
             yield record

@@ -1,0 +1,238 @@
+"""Time travel through a journal: the ledger as of any seq, fast.
+
+A background pass folds the journal once, collecting what the overview needs
+(counts by kind, violations) and a bounded number of ledger snapshots.
+:meth:`TimeTravel.ledger_at` then starts from the nearest snapshot at or
+before the asked seq, or from the current cursor when moving forward, and
+folds only the records in between: no full refold per keypress.
+
+Records are read on demand: by seq from a journal database (opened
+read-only), from a list for JSON Lines. In follow mode new records are
+picked up as another process appends them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import Counter
+from collections.abc import Iterator
+
+from journal import Journal, RecordError, is_journal_file, parse_line
+from kvstate.codec import Entry, from_record
+from kvstate.ledger import Ledger
+from kvstate.violations import Violation
+
+
+class _DatabaseRecords:
+    """Records of a journal database, by seq; read-only."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._journal = Journal(path, readonly=True)
+        self._lock = threading.Lock()  # one connection, several threads
+
+    def last_seq(self) -> int:
+        with self._lock:
+            return self._journal.head()[0]
+
+    def between(self, after: int, upto: int) -> Iterator[Entry]:
+        """Entries with ``after < seq <= upto``, in order (read in chunks)."""
+        chunk_size = 4096
+        while after < upto:
+            with self._lock:
+                chunk = list(
+                    self._journal.records(
+                        after=after, upto=min(upto, after + chunk_size), verify=False
+                    )
+                )
+            for record in chunk:
+                yield from_record(record, path=self.path)
+            after = min(upto, after + chunk_size)
+
+    def close(self) -> None:
+        with self._lock:
+            self._journal.close()
+
+
+class _LineRecords:
+    """Records of a JSON Lines file, kept in memory; new lines are read on poll."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._entries: list[Entry] = []
+        self._seqs: list[int] = []
+        self._offset = 0
+        self._line = 0
+        self._lock = threading.Lock()
+        self.poll()
+
+    def poll(self) -> None:
+        with self._lock, open(self.path, "rb") as f:
+            f.seek(self._offset)
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    break  # a line still being written
+                self._offset += len(raw)
+                self._line += 1
+                text = raw.decode("utf-8", errors="replace")
+                if not text.strip():
+                    continue
+                entry = from_record(
+                    parse_line(text, path=self.path, line=self._line),
+                    path=self.path,
+                    line=self._line,
+                )
+                if self._seqs and entry.seq <= self._seqs[-1]:
+                    raise RecordError("seq does not increase", path=self.path, line=self._line)
+                self._entries.append(entry)
+                self._seqs.append(entry.seq)
+
+    def last_seq(self) -> int:
+        self.poll()
+        return self._seqs[-1] if self._seqs else 0
+
+    def between(self, after: int, upto: int) -> Iterator[Entry]:
+        start = bisect.bisect_right(self._seqs, after)
+        end = bisect.bisect_right(self._seqs, upto)
+        return iter(self._entries[start:end])
+
+    def close(self) -> None:
+        pass
+
+
+class TimeTravel:
+    """The ledger at any seq of one journal, with an overview built in the background."""
+
+    def __init__(self, path: str, *, snapshot_every: int = 2000, max_snapshots: int = 48) -> None:
+        self.path = path
+        self.records = _DatabaseRecords(path) if is_journal_file(path) else _LineRecords(path)
+        self.last_seq = self.records.last_seq()
+        self.kinds: Counter[str] = Counter()
+        self.violations: list[Violation] = []
+        self.warnings: list[Violation] = []
+        self.indexed_seq = 0
+        self.error: Exception | None = None
+        self._every = snapshot_every
+        self._max_snapshots = max_snapshots
+        self._snapshots: list[tuple[int, Ledger]] = [(0, Ledger())]
+        self._index_ledger = Ledger()
+        self._cursor: tuple[int, Ledger] | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- the background pass ---------------------------------------------------------
+
+    def index(self, limit: int | None = None) -> int:
+        """Fold up to ``limit`` more records into the overview; returns how many."""
+        done = 0
+        upto = self.last_seq
+        try:
+            for entry in self.records.between(self.indexed_seq, upto):
+                found = self._index_ledger.apply(entry.seq, entry.step, entry.event)
+                with self._lock:
+                    self.kinds[entry.event.kind] += 1
+                    for v in found:
+                        (self.warnings if v.is_warning else self.violations).append(v)
+                    self.indexed_seq = entry.seq
+                    if self._index_ledger.records % self._every == 0:
+                        self._keep_snapshot(entry.seq, self._index_ledger.snapshot())
+                done += 1
+                if (limit is not None and done >= limit) or self._stop.is_set():
+                    break
+        except (RecordError, OSError) as exc:
+            self.error = exc
+        return done
+
+    def _keep_snapshot(self, seq: int, ledger: Ledger) -> None:
+        self._snapshots.append((seq, ledger))
+        if len(self._snapshots) > self._max_snapshots:
+            # Thin out: keep every other snapshot, take them half as often.
+            self._snapshots = self._snapshots[::2]
+            self._every *= 2
+
+    def start(self, *, follow: bool = False, poll_interval: float = 0.25) -> None:
+        """Index in a background thread; with ``follow``, keep picking up new records."""
+
+        def run() -> None:
+            while not self._stop.is_set():
+                self.index()
+                if not follow or self.error is not None:
+                    return
+                self._stop.wait(poll_interval)
+                self.refresh()
+
+        self._thread = threading.Thread(target=run, name="journal-index", daemon=True)
+        self._thread.start()
+
+    def refresh(self) -> bool:
+        """Look for records appended since; True if there are new ones."""
+        try:
+            last = self.records.last_seq()
+        except (RecordError, OSError) as exc:
+            self.error = exc
+            return False
+        grew = last > self.last_seq
+        self.last_seq = max(last, self.last_seq)
+        return grew
+
+    @property
+    def indexed(self) -> bool:
+        return self.indexed_seq >= self.last_seq
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.records.close()
+
+    # -- time travel -------------------------------------------------------------------
+
+    def ledger_at(self, seq: int) -> Ledger:
+        """The ledger as it stood after record ``seq`` (replay --at SEQ)."""
+        seq = max(0, min(seq, self.last_seq))
+        cursor = self._cursor
+        if cursor is not None and cursor[0] <= seq:
+            base_seq, ledger = cursor  # forward from where we are: no copy
+        else:
+            with self._lock:
+                i = bisect.bisect_right([s for s, _ in self._snapshots], seq) - 1
+                base_seq, stored = self._snapshots[i]
+            ledger = stored.snapshot()  # the stored one stays as it was
+        for entry in self.records.between(base_seq, seq):
+            ledger.apply(entry.seq, entry.step, entry.event)
+        self._cursor = (seq, ledger)
+        return ledger
+
+    def entries(self, after: int, upto: int) -> list[Entry]:
+        return list(self.records.between(after, upto))
+
+    def violations_upto(self, seq: int) -> list[Violation]:
+        with self._lock:
+            return [v for v in self.violations if v.seq <= seq]
+
+    def next_violation(self, seq: int) -> Violation | None:
+        with self._lock:
+            return next((v for v in self.violations if v.seq > seq), None)
+
+    def previous_violation(self, seq: int) -> Violation | None:
+        with self._lock:
+            earlier = [v for v in self.violations if v.seq < seq]
+        return earlier[-1] if earlier else None
+
+    def step_start(self, seq: int, direction: int) -> int:
+        """The first record of the next step (``+1``) or of the previous one (``-1``)."""
+        here = next(iter(self.entries(seq - 1, seq)), None)
+        step = here.step if here is not None else 0
+        if direction > 0:
+            for entry in self.records.between(seq, self.last_seq):
+                if entry.step > step:
+                    return entry.seq
+            return self.last_seq
+        window = self.entries(max(0, seq - 5000), seq - 1)
+        earlier = [e for e in window if e.step < step]
+        if not earlier:
+            return window[0].seq if window else seq
+        target = earlier[-1].step
+        return next(e.seq for e in window if e.step == target)
