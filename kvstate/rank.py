@@ -48,8 +48,8 @@ class RankLedger:
         self.ended: dict[tuple[str, int], int] = {}
         #: (req, gen) -> (last saved offset, its seq), for OFFSET_REWOUND
         self.offsets: dict[tuple[str, int], tuple[int, int]] = {}
-        #: (req, gen) -> jobs of that incarnation received here
-        self.by_incarnation: dict[tuple[str, int], list[int]] = {}
+        #: (req, gen) -> jobs of that incarnation received here (tuples: snapshots share them)
+        self.by_incarnation: dict[tuple[str, int], tuple[int, ...]] = {}
         self._dispatch: dict[type, Callable[[int, Any, Out], RankJobState | None]] = {
             ev.JobReceived: self._on_received,
             ev.PreemptionSeen: self._on_preemption_seen,
@@ -142,7 +142,8 @@ class RankLedger:
 
     def _track(self, info: JobInfo, rj: RankJobState) -> RankJobState:
         self.jobs[info.job] = rj
-        self.by_incarnation.setdefault((info.req, info.gen), []).append(info.job)
+        key = (info.req, info.gen)
+        self.by_incarnation[key] = (*self.by_incarnation.get(key, ()), info.job)
         return rj
 
     def _on_received(self, seq: int, event: ev.JobReceived, out: Out) -> RankJobState | None:
@@ -427,6 +428,16 @@ class RankLedger:
         if state is not None:
             state.live_jobs.discard(info.job)
         return rj
+
+    def clone(self, jobs: Mapping[int, JobInfo]) -> RankLedger:
+        """A copy of this rank's state, reading job descriptions from ``jobs``."""
+        new = RankLedger(self.rank, jobs)
+        new.jobs = {job: rj.copy() for job, rj in self.jobs.items()}
+        new.requests = {req: st.copy() for req, st in self.requests.items()}
+        new.ended = dict(self.ended)
+        new.offsets = dict(self.offsets)
+        new.by_incarnation = dict(self.by_incarnation)
+        return new
 
     def to_dict(self) -> dict[str, Any]:
         return {

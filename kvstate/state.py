@@ -37,6 +37,12 @@ class Incarnation:
     def name(self) -> str:
         return f"{self.req}/{self.gen}"
 
+    def copy(self) -> Incarnation:
+        return Incarnation(
+            self.req, self.gen, self.started_seq, self.state, list(self.table),
+            self.table_seq, self.held, self.ended_seq, self.prompt_tokens,
+        )  # fmt: skip
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "req": self.req,
@@ -60,6 +66,10 @@ class RequestState:
     def current(self) -> Incarnation:
         return self.incarnations[self.newest_gen]
 
+    def copy(self) -> RequestState:
+        incarnations = {gen: inc.copy() for gen, inc in self.incarnations.items()}
+        return RequestState(self.req, self.newest_gen, self.newest_seq, incarnations)
+
 
 @attrs.define(slots=True)
 class BlockState:
@@ -82,6 +92,12 @@ class BlockState:
     def to_dict(self) -> dict[str, Any]:
         return {"block": self.block, "refs": self.refs, "epoch": self.epoch}
 
+    def copy(self) -> BlockState:
+        return BlockState(
+            self.block, self.refs, self.epoch, self.epoch_seq, self.epoch_holder,
+            self.freed_seq, self.prior_free_seq,
+        )  # fmt: skip
+
 
 @attrs.define(slots=True)
 class RankJobState:
@@ -98,6 +114,13 @@ class RankJobState:
     put_ok: bool | None = None
     reported_seq: int | None = None
     reports: int = 0
+
+    def copy(self) -> RankJobState:
+        return RankJobState(
+            self.job, self.rank, self.received_seq, self.phase, self.started_seq,
+            self.skip_reason, self.dma_seq, self.put_seq, self.put_ok, self.reported_seq,
+            self.reports,
+        )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"phase": self.phase, "reports": self.reports}
@@ -130,6 +153,15 @@ class StoreJobState:
     completions: int = 0
     completion_seqs: list[int] = attrs.Factory(list)
     released_seq: int | None = None
+
+    def copy(self, ranks: dict[int, RankJobState]) -> StoreJobState:
+        """A copy whose per-rank states are ``ranks`` (the copies the rank ledgers hold)."""
+        return StoreJobState(
+            self.job, self.req, self.gen, self.token_start, self.token_end, self.reads,
+            self.read_epochs, self.pins, self.keys, self.parent, self.world_size,
+            self.enqueued_seq, ranks, self.completions, list(self.completion_seqs),
+            self.released_seq,
+        )  # fmt: skip
 
     @property
     def reported_ranks(self) -> int:
@@ -173,6 +205,12 @@ class StoreRequestState:
     retry_tokens: tuple[int, int] | None = None
     ended: bool = False
     retired: bool = False
+
+    def copy(self) -> StoreRequestState:
+        return StoreRequestState(
+            self.req, self.gen, self.gen_seq, set(self.live_jobs), self.saved_offset,
+            self.skipped, self.retry_tokens, self.ended, self.retired,
+        )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -384,6 +384,27 @@ def summary_table(summaries: list) -> Table:  # type: ignore[type-arg]
     return table
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """The terminal UI, or with --once the overview and violations as text."""
+    path = args.path
+    if not os.path.exists(path):
+        return _unusable(RecordError("no such file", path=path), as_json=False)
+    try:
+        from .inspector import Inspector, once
+
+        if args.once:
+            report_console().print(once(path))
+            return EXIT_CLEAN
+        app = Inspector(path, follow=args.follow)
+    except ImportError as exc:
+        print(f"kvstate: error: the inspector needs the 'tui' extra ({exc})", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except (JournalError, OSError) as exc:
+        return _unusable(exc, as_json=False)
+    app.run()
+    return EXIT_CLEAN
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kvstate",
@@ -422,6 +443,18 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--job", type=int, help="store job id")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.set_defaults(func=cmd_timeline)
+
+    p = sub.add_parser(
+        "inspect",
+        help="a terminal UI to travel through a journal (--once: print and exit)",
+        description="Requests, jobs, blocks, violations and events as of any seq. Keys: "
+        "left/right a record, PgUp/PgDn a step, g go to seq, n/p next/previous violation, "
+        "/ filter, Enter a row's timeline, ? help, q quit. The journal is opened read-only.",
+    )
+    p.add_argument("path", metavar="PATH", help="journal database or .jsonl file")
+    p.add_argument("--follow", action="store_true", help="tail a journal being written")
+    p.add_argument("--once", action="store_true", help="print the overview and violations")
+    p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(
         "export",

@@ -113,7 +113,9 @@ class TimeTravel:
         self.warnings: list[Violation] = []
         self.indexed_seq = 0
         self.error: Exception | None = None
-        self._every = snapshot_every
+        # Snapshots cost time and memory in proportion to the ledger: take about
+        # ``max_snapshots / 2`` over the journal, and never more than ``max_snapshots``.
+        self._every = max(snapshot_every, self.last_seq // max(1, max_snapshots // 2))
         self._max_snapshots = max_snapshots
         self._snapshots: list[tuple[int, Ledger]] = [(0, Ledger())]
         self._index_ledger = Ledger()
@@ -136,8 +138,10 @@ class TimeTravel:
                     for v in found:
                         (self.warnings if v.is_warning else self.violations).append(v)
                     self.indexed_seq = entry.seq
-                    if self._index_ledger.records % self._every == 0:
-                        self._keep_snapshot(entry.seq, self._index_ledger.snapshot())
+                if self._index_ledger.records % self._every == 0:
+                    snapshot = self._index_ledger.snapshot()  # outside the lock: it takes a while
+                    with self._lock:
+                        self._keep_snapshot(entry.seq, snapshot)
                 done += 1
                 if (limit is not None and done >= limit) or self._stop.is_set():
                     break
