@@ -8,6 +8,7 @@ from it is shown literally (``rich.text.Text``, never markup).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich import box
@@ -238,6 +239,9 @@ class Inspector(App[None]):
 
     def on_mount(self) -> None:
         self.sub_title = "read-only"
+        # The indexing thread is pure Python: hand the interpreter back to the
+        # UI more often than the default 5 ms so keys stay responsive meanwhile.
+        sys.setswitchinterval(0.0005)
         if self.background:
             self.tt.start(follow=self.follow)
         else:
