@@ -47,9 +47,11 @@ BUGS = frozenset(
     }
 )
 
-#: the connector as it was just before #52372: the poisoning and ABA era.
-#: (#43281 and #46595 were fixed by then; #54853's snapshot came later.)
-BEFORE_52372 = frozenset({"no-pins", "req-id-counter", "store-order-parents", "unguarded-effects"})
+#: the connector as it was just before #52372, as deployed by default: the
+#: poisoning and ABA era. (#43281 and #46595 were fixed by then; #54853's
+#: snapshot came later; KV events are off by default in vLLM, so the
+#: store-order parents stayed unseen unless they were turned on.)
+BEFORE_52372 = frozenset({"no-pins", "req-id-counter", "unguarded-effects"})
 
 
 def _check(bugs: frozenset[str]) -> frozenset[str]:

@@ -513,11 +513,14 @@ class Inspector(App[None]):
             v for v in found
             if self.filter.matches(job=v.job, req=v.req, rank=v.rank, kind=v.code.value)
         ]  # fmt: skip
-        at = [i for i, v in enumerate(self._shown_violations) if v.seq <= self.cursor]
-        if at:
+        shown = self._shown_violations
+        upto = [i for i, v in enumerate(shown) if v.seq <= self.cursor]
+        # the first violation of the latest record at or before the cursor
+        row = next(i for i in upto if shown[i].seq == shown[upto[-1]].seq) if upto else None
+        if row is not None:
             # after the refresh: the columns take their widths from the new rows first
-            self.call_after_refresh(table.move_cursor, row=at[-1])
-        self._tell(at[-1] if at else None)
+            self.call_after_refresh(table.move_cursor, row=row)
+        self._tell(row)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id == "violations-table":

@@ -19,3 +19,11 @@ def mooncake_master() -> Iterator[object]:
         pytest.fail(f"Mooncake cannot run: {problem}")
     with MooncakeMaster() as address:
         yield address
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-snapshots",
+        action="store_true",
+        help="rewrite tests/snapshots/ from the current screens",
+    )

@@ -1,0 +1,287 @@
+"""kvstate inspect, driven headless with textual's pilot: navigation, time
+travel (the view at seq N is replay --at N), filters, follow mode against a
+journal written concurrently, markup safety, read-only opening, --once, and
+text snapshots of the main screens."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import re
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from textual.widgets import DataTable, Static, TabbedContent
+
+from journal import write_jsonl
+from kvstate import JobSpec, Recorder, SchedulerLedger, WorkerLedger
+from kvstate.codec import to_record
+from kvstate.zoo import CASES, run_case
+from replay.cli import main
+from replay.engine import replay
+from replay.inspector import Inspector
+from replay.timetravel import TimeTravel
+
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+
+
+def zoo(tmp_path: Path, name: str = "poisoned-read", policy: str = "legacy") -> str:
+    path = tmp_path / f"{name}.{policy}.jsonl"
+    write_jsonl((to_record(e) for e in run_case(CASES[name], policy).entries or []), path)
+    return str(path)
+
+
+def drive(app: Inspector, script: Callable[[object], Awaitable[None]]) -> None:
+    async def run() -> None:
+        async with app.run_test(size=(130, 40)) as pilot:
+            await pilot.pause()
+            await script(pilot)
+
+    asyncio.run(run())
+
+
+def plain(renderable: object) -> str:
+    """A rich renderable as plain text, 120 columns wide."""
+    console = Console(width=120, record=True, file=io.StringIO(), color_system=None)
+    console.print(renderable)
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines())
+
+
+def rows(app: Inspector, table_id: str) -> list[list[str]]:
+    table = app.query_one(f"#{table_id}", DataTable)
+    return [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+def test_keys_move_the_cursor_and_n_finds_the_reused_block(tmp_path: Path) -> None:
+    app = Inspector(zoo(tmp_path), background=False)
+    seen: dict[str, object] = {}
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("right", "right")
+        seen["right"] = app.cursor
+        await pilot.press("left")
+        seen["left"] = app.cursor
+        await pilot.press("n")
+        await pilot.pause()
+        seen["n"] = (app.cursor, app.query_one(TabbedContent).active)
+        seen["story"] = plain(app.query_one("#violation-story", Static).content)
+        await pilot.press("p")
+        seen["p"] = app.cursor
+        await pilot.press("pagedown")
+        seen["pagedown"] = app.cursor
+        await pilot.press("g", *"20", "enter")
+        seen["g"] = app.cursor
+
+    drive(app, script)
+    assert seen["right"] == 3 and seen["left"] == 2
+    assert seen["n"] == (12, "violations")  # the DMA of r1's job, after r2 took its blocks
+    story = " ".join(str(seen["story"]).split())
+    assert "read block 2" in story and "handed to another request" in story
+    assert seen["p"] == 12  # no earlier violation: stays
+    assert seen["g"] == 20
+
+
+@pytest.mark.parametrize("seq", [1, 6, 9, 12, 19, 27])
+def test_the_view_at_seq_n_equals_replay_at_n(tmp_path: Path, seq: int) -> None:
+    path = zoo(tmp_path, "req-id-aba")
+    travel = TimeTravel(path, snapshot_every=4)
+    travel.index()
+    for target in (seq, 1, seq):  # forward, back to a snapshot, forward again
+        assert travel.ledger_at(target).to_dict() == replay([path], at=target).ledger.to_dict()
+    travel.stop()
+
+
+def test_time_travel_on_a_database_with_many_snapshots(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    assert main(["run", "--requests", "24", "--journal", str(db)]) == 0
+    travel = TimeTravel(str(db), snapshot_every=50)
+    travel.index()
+    for target in (travel.last_seq, 777, 1300, 3, 1299):
+        assert travel.ledger_at(target).to_dict() == replay([str(db)], at=target).ledger.to_dict()
+    travel.stop()
+
+
+def test_filter_keeps_matching_rows(tmp_path: Path) -> None:
+    app = Inspector(zoo(tmp_path), background=False)
+    found: dict[str, list[list[str]]] = {}
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("g", *"27", "enter")
+        await pilot.press("slash", *"req r2", "enter", "2")
+        await pilot.pause()
+        found["requests"] = rows(app, "requests-table")
+        await pilot.press("slash", "ctrl+u", *"kind dma_started", "enter", "6")
+        await pilot.pause()
+        found["events"] = rows(app, "events-table")
+
+    drive(app, script)
+    assert [r[0] for r in found["requests"]] == ["r2"]
+    kinds = {r[3].split(" of job")[0] for r in found["events"] if r[0] != "27"}
+    assert kinds == {"DMA"} and all("started" in r[3] for r in found["events"] if r[0] != "27")
+
+
+def test_enter_on_a_job_opens_its_timeline(tmp_path: Path) -> None:
+    app = Inspector(zoo(tmp_path), background=False)
+    shown: list[str] = []
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("g", *"27", "enter", "3")
+        await pilot.pause()
+        await pilot.press("enter")
+        await pilot.pause()
+        shown.append(type(app.screen).__name__)
+        await pilot.press("escape")
+        shown.append(type(app.screen).__name__)
+
+    drive(app, script)
+    assert shown == ["TextScreen", "Screen"]
+
+
+def test_strings_from_the_journal_are_literal(tmp_path: Path) -> None:
+    path = tmp_path / "markup.jsonl"
+    records = [
+        {"kind": "journal_opened", "version": 1, "block_size": 4, "world_size": 1},
+        {"kind": "request_admitted", "req": "[red]x[/red]", "gen": 0, "prompt_tokens": 4},
+        {
+            "kind": "blocks_assigned",
+            "req": "[red]x[/red]",
+            "gen": 0,
+            "blocks": [1],
+            "mode": "append",
+        },
+        {"kind": "engine_crashed", "error": "[bold]boom[/bold]"},
+    ]
+    path.write_text("".join(json.dumps({"step": 0, **r}) + "\n" for r in records))
+    app = Inspector(str(path), background=False)
+    found: dict[str, object] = {}
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("g", "4", "enter", "2")
+        await pilot.pause()
+        found["requests"] = rows(app, "requests-table")
+        await pilot.press("5")
+        await pilot.pause()
+        found["violations"] = rows(app, "violations-table")
+
+    drive(app, script)
+    assert found["requests"][0][0] == "[red]x[/red]"  # type: ignore[index]
+    assert "[bold]boom[/bold]" in found["violations"][0][3]  # type: ignore[index]
+
+
+def test_the_journal_is_opened_read_only(tmp_path: Path) -> None:
+    db = tmp_path / "j.db"
+    assert main(["convert", zoo(tmp_path), str(db)]) == 0
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    app = Inspector(str(db), background=False)
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("n", "3", "2", "4")
+
+    drive(app, script)
+    with pytest.raises(Exception, match="read-only"):
+        app.tt.records._journal.append([])  # type: ignore[union-attr]
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_follow_mode_tails_a_journal_being_written(tmp_path: Path) -> None:
+    db = tmp_path / "live.db"
+    recorder = Recorder.open(db, block_size=4, world_size=1)
+    sched = SchedulerLedger(recorder)
+    worker = WorkerLedger(0, recorder)
+    recorder.flush()
+    stop = threading.Event()
+
+    def write() -> None:  # a writer that keeps appending while the app runs
+        for i in range(40):
+            if stop.is_set():
+                break
+            sched.begin_step()
+            req = f"r{i}"
+            sched.admit(req, 4)
+            sched.assign_blocks(req, [i % 8], resumed=False)
+            job = sched.enqueue_store_job(req, 0, 4, [f"k{i}"])
+            worker.register(JobSpec(job, req, 0, (f"k{i}",)))
+            with worker.run(job) as run:
+                run.put_done(1, 0)
+            sched.update_connector_output(worker.take_completed())
+            sched.release_ready()
+            sched.request_finished(req)
+            recorder.flush()
+            time.sleep(0.02)
+
+    app = Inspector(str(db), follow=True)
+    seen: list[int] = []
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        writer = threading.Thread(target=write)
+        writer.start()
+        deadline = time.monotonic() + 15
+        while writer.is_alive() and time.monotonic() < deadline:
+            await pilot.pause(0.1)
+        writer.join()
+        await pilot.pause(0.8)  # the 4-per-second refresh picks up the tail
+        seen.append(app.tt.last_seq)
+        seen.append(app.tt.indexed_seq)
+
+    try:
+        drive(app, script)
+    finally:
+        stop.set()
+        recorder.close()
+    final = replay([str(db)])
+    assert seen[0] == final.events and seen[1] == final.events
+    assert final.verdict == "clean"
+
+
+def test_once_prints_overview_and_violations(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["inspect", "--once", zoo(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "verdict 4 violation(s)" in out and "records by kind" in out
+    assert "POISONED_READ" in out and "job 0 of r1/0 read block 2" in out
+    assert main(["inspect", "--once", str(tmp_path / "missing.db")]) == 2
+
+
+def screen_text(app: Inspector, tab: str) -> str:
+    """The main widget of a tab as plain text (a text snapshot of the screen)."""
+    widget = {
+        "overview": "#overview-body",
+        "requests": "#requests-table",
+        "jobs": "#jobs-table",
+        "blocks": "#blocks-body",
+        "violations": "#violations-table",
+        "events": "#events-table",
+    }[tab]
+    if widget.endswith("table"):
+        return "\n".join(" | ".join(r) for r in rows(app, widget.lstrip("#")))
+    text = plain(app.query_one(widget, Static).content)
+    return re.sub(r"journal \S+", "journal <path>", text)
+
+
+@pytest.mark.parametrize("tab", ["overview", "requests", "jobs", "blocks", "violations", "events"])
+def test_screen_snapshots(tmp_path: Path, tab: str, request: pytest.FixtureRequest) -> None:
+    app = Inspector(zoo(tmp_path), background=False)
+    captured: list[str] = []
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press(
+            "g",
+            *"12",
+            "enter",
+            str(1 + ["overview", "requests", "jobs", "blocks", "violations", "events"].index(tab)),
+        )
+        await pilot.pause()
+        captured.append(screen_text(app, tab))
+
+    drive(app, script)
+    golden = SNAPSHOTS / f"inspector_{tab}.txt"
+    if request.config.getoption("--update-snapshots", default=False):
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(captured[0] + "\n")
+    assert golden.exists(), f"no snapshot {golden.name}: run pytest --update-snapshots"
+    assert captured[0] + "\n" == golden.read_text()
