@@ -181,6 +181,9 @@ class Inspector(App[None]):
     TITLE = "kvstate inspect"
     CSS = """
     #status { height: 2; padding: 0 1; background: $boost; }
+    TabbedContent { height: 1fr; }
+    TabPane { height: 1fr; padding: 0; }
+    DataTable { height: 1fr; }
     #violations-table { height: 1fr; width: 1fr; }
     #violation-detail { height: 12; border-top: solid $accent; padding: 0 1; }
     #modal { padding: 1 2; border: round $accent; }
@@ -344,6 +347,13 @@ class Inspector(App[None]):
         tables = self.query(f"#{active}-table")
         if tables:
             tables.first().focus()
+        else:
+            # Leave the hidden table: a focused widget pulls its tab back to front.
+            scrolls = self.query(f"#{active} VerticalScroll")
+            if scrolls:
+                scrolls.first().focus()
+            else:
+                self.set_focus(None)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         target = self._targets.get(event.row_key.value or "")
