@@ -19,6 +19,7 @@ from rich.text import Text
 
 from journal import Journal, JournalError, RecordError, write_jsonl
 from kvstate.codec import to_record
+from kvstate.sim.runtime import SimConfig
 from kvstate.recorder import journal_views
 
 from . import export, timeline
@@ -229,7 +230,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn
 
     from kvstate.legacy import BUGS
-    from kvstate.sim.runtime import SimConfig, Simulation
+    from kvstate.sim.runtime import Simulation
 
     bugs = tuple(sorted(BUGS)) if args.legacy_bugs == "all" else None
     if args.legacy_bugs not in (None, "all"):
@@ -285,7 +286,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn
 
     from kvstate.live.demo import journal_path, mooncake_problem, run_policy
-    from kvstate.sim.runtime import SimConfig
 
     console = report_console()
     problem = None if args.store != "memory" else "the in-memory store was asked for"
@@ -479,6 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-partial", action="store_true", help="keep DESTINATION on error")
     p.set_defaults(func=cmd_convert)
 
+    sim = SimConfig()  # the run command's defaults are the simulator's
     p = sub.add_parser(
         "run",
         help="run the engine simulator on the ledgers and journal it",
@@ -497,17 +498,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mode", choices=("deterministic", "threaded"), default="deterministic")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--requests", type=int, default=96)
-    p.add_argument("--prompt-len", type=int, default=80)
-    p.add_argument("--output-len", type=int, default=24)
-    p.add_argument("--shared-prefixes", type=int, default=3, help="distinct shared prefixes")
-    p.add_argument("--prefix-share", type=float, default=0.6, help="prompt fraction shared")
-    p.add_argument("--followups", type=float, default=0.4, help="fraction continuing a prompt")
-    p.add_argument("--blocks", type=int, default=40, help="device blocks in the pool")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--budget", type=int, default=256, help="tokens per engine step")
-    p.add_argument("--store-latency", type=float, default=3.0, help="mean ms per store call")
+    p.add_argument("--requests", type=int, default=sim.requests)
+    p.add_argument("--prompt-len", type=int, default=sim.prompt_len)
+    p.add_argument("--output-len", type=int, default=sim.output_len)
+    p.add_argument(
+        "--shared-prefixes", type=int, default=sim.shared_prefixes, help="distinct shared prefixes"
+    )
+    p.add_argument(
+        "--prefix-share", type=float, default=sim.prefix_share, help="prompt fraction shared"
+    )
+    p.add_argument(
+        "--followups", type=float, default=sim.followups, help="fraction continuing a prompt"
+    )
+    p.add_argument("--blocks", type=int, default=sim.blocks, help="device blocks in the pool")
+    p.add_argument("--block-size", type=int, default=sim.block_size)
+    p.add_argument("--world-size", type=int, default=sim.world_size)
+    p.add_argument("--budget", type=int, default=sim.token_budget, help="tokens per engine step")
+    p.add_argument(
+        "--store-latency", type=float, default=sim.store_latency_ms, help="mean ms per store call"
+    )
     p.add_argument("--failure-rate", type=float, default=0.0, help="puts that fail")
     p.add_argument("--abort-rate", type=float, default=0.0, help="per request per step")
     p.add_argument("--save-decode-cache", action="store_true", help="also save decode blocks")
