@@ -19,8 +19,8 @@ from rich.text import Text
 
 from journal import Journal, JournalError, RecordError, write_jsonl
 from kvstate.codec import to_record
-from kvstate.sim.runtime import SimConfig
 from kvstate.recorder import journal_views
+from kvstate.sim.runtime import SimConfig
 
 from . import export, timeline
 from .engine import replay
