@@ -288,6 +288,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from kvstate.live.demo import journal_path, mooncake_problem, run_policy
 
     console = report_console()
+    master = None
+    if args.master_url or args.master_rpc:
+        from kvstate.live.master import MasterError, existing_master
+
+        if not (args.master_url and args.master_rpc):
+            print("kvstate: error: give both --master-url and --master-rpc", file=sys.stderr)
+            return EXIT_UNUSABLE
+        try:
+            master = existing_master(args.master_url, args.master_rpc)
+        except MasterError as exc:
+            print(f"kvstate: error: {exc}", file=sys.stderr)
+            return EXIT_UNUSABLE
     problem = None if args.store != "memory" else "the in-memory store was asked for"
     if args.store != "memory":
         problem = mooncake_problem()
@@ -295,7 +307,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"kvstate: error: Mooncake cannot run: {problem}", file=sys.stderr)
             return EXIT_UNUSABLE
     use_mooncake = problem is None
-    backend = "a local Mooncake master" if use_mooncake else "the in-memory store"
+    backend = "the in-memory store"
+    if use_mooncake:
+        backend = (
+            f"the Mooncake master at {args.master_rpc}" if master else "a local Mooncake master"
+        )
     if not use_mooncake and args.store != "memory":
         console.print(
             Text(f"notice: Mooncake cannot run here ({problem}); using the in-memory store.",
@@ -335,6 +351,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 config,
                 paths[policy],
                 use_mooncake=use_mooncake,
+                master=master,
                 progress=lambda s, t=task: bar.update(t, completed=s.finished, step=s.steps),
             )
         runs.append(run)
@@ -547,6 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: Mooncake when it can run, else the in-memory store",
     )
+    p.add_argument("--master-url", help="use this master's metadata URL instead of starting one")
+    p.add_argument("--master-rpc", help="and its RPC address, HOST:PORT")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(

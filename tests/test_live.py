@@ -140,3 +140,18 @@ def test_demo_command(tmp_path, capsys, store: str) -> None:  # type: ignore[no-
     assert main(["replay", "--json", str(out / "kvstate.db")]) == 0
     assert main(["replay", "--json", str(out / "legacy.db")]) == 1
     assert main(argv) == 2  # refuses to overwrite the journals
+
+
+def test_demo_against_an_existing_master(tmp_path, capsys, mooncake_master) -> None:  # type: ignore[no-untyped-def]
+    from replay.cli import main
+
+    argv = [
+        "demo", "--out", str(tmp_path / "d"), "--requests", "96", "--block-bytes", "1024",
+        "--master-url", mooncake_master.metadata_url, "--master-rpc", mooncake_master.rpc_address,
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert f"the Mooncake master at {mooncake_master.rpc_address}" in capsys.readouterr().out
+    bad = ["demo", "--out", str(tmp_path / "e"), "--master-url", "http://127.0.0.1:1/metadata",
+           "--master-rpc", "127.0.0.1:1"]  # fmt: skip
+    assert main(bad) == 2
+    assert "no metadata server answers" in capsys.readouterr().err

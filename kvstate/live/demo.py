@@ -19,6 +19,7 @@ import attrs
 from ..sim import store as st
 from ..sim.device import BlockMemory, HostBlocks
 from ..sim.runtime import SimConfig, Simulation, Summary
+from .master import MasterAddress
 
 
 @attrs.frozen
@@ -73,12 +74,15 @@ def _memory(config: SimConfig) -> BlockMemory:
 
 
 @contextlib.contextmanager
-def _mooncake_stores(config: SimConfig, memory: BlockMemory) -> Iterator[list[st.Store]]:
+def _mooncake_stores(
+    config: SimConfig, memory: BlockMemory, master: MasterAddress | None
+) -> Iterator[list[st.Store]]:
     from .master import MooncakeMaster
     from .mooncake import MooncakeStore
 
     segment = max(64 << 20, 4 * config.blocks * config.block_bytes * config.requests // 8)
-    with MooncakeMaster() as address:
+    with contextlib.ExitStack() as stack:
+        address = master or stack.enter_context(MooncakeMaster())
         stores = [MooncakeStore(address, segment_bytes=segment) for _ in range(config.world_size)]
         try:
             staging = getattr(memory, "staging_area", None)
@@ -96,13 +100,20 @@ def run_policy(
     journal: str,
     *,
     use_mooncake: bool,
+    master: MasterAddress | None = None,
     progress: Callable[[Summary], None] | None = None,
 ) -> DemoRun:
-    """Run the workload under ``config.policy`` and write its journal."""
+    """Run the workload under ``config.policy`` and write its journal.
+
+    With ``master`` the run uses that master instead of starting its own.
+    Keys carry the policy in their model name, so two runs against one
+    store never read each other's values.
+    """
+    config = attrs.evolve(config, model=f"demo-{config.policy}")
     memory = _memory(config)
     if use_mooncake:
         log = os.path.join(os.path.dirname(journal) or ".", "mooncake.log")
-        with native_logs_to(log), _mooncake_stores(config, memory) as stores:
+        with native_logs_to(log), _mooncake_stores(config, memory, master) as stores:
             sim = Simulation(config, journal=journal, stores=stores, memory=memory)
             summary = sim.run(progress)
             sim.close()
