@@ -250,13 +250,18 @@ class Inspector(App[None]):
         else:
             self.tt.index()
         # At most four refreshes a second, whatever the writer does.
-        self.set_interval(0.25, self._tick)
+        self._ticker = self.set_interval(0.25, self._tick)
         self.refresh_views()
 
     def on_unmount(self) -> None:
+        self._ticker.stop()
+        if self._settle_timer is not None:
+            self._settle_timer.stop()
         self.tt.stop()
 
     def _tick(self) -> None:
+        if not self.query("#status"):
+            return  # the app is shutting down: the widgets are gone
         if self.follow and self.tt.last_seq != self._seen_last:
             at_end = self.cursor == self._seen_last
             self._seen_last = self.tt.last_seq
@@ -375,6 +380,8 @@ class Inspector(App[None]):
     # -- rendering ------------------------------------------------------------------------
 
     def refresh_views(self) -> None:
+        if not self.query("#status"):
+            return  # a timer fired while the app shuts down
         self._targets.clear()
         self._render_status()
         active = self.query_one(TabbedContent).active
