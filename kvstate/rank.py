@@ -48,6 +48,10 @@ class RankLedger:
         self.ended: dict[tuple[str, int], int] = {}
         #: (req, gen) -> (last saved offset, its seq), for OFFSET_REWOUND
         self.offsets: dict[tuple[str, int], tuple[int, int]] = {}
+        #: req -> (greatest gen of a job received here, the seq of that receipt)
+        self.newest_received: dict[str, tuple[int, int]] = {}
+        #: req -> (greatest gen any record here named, its seq): receipts and preemption notices
+        self.newest_seen: dict[str, tuple[int, int]] = {}
         #: (req, gen) -> jobs of that incarnation received here (tuples: snapshots share them)
         self.by_incarnation: dict[tuple[str, int], tuple[int, ...]] = {}
         self._dispatch: dict[type, Callable[[int, Any, Out], RankJobState | None]] = {
@@ -73,13 +77,18 @@ class RankLedger:
     def stale_since(self, info: JobInfo) -> int | None:
         """The seq from which ``info``'s job is stale on this rank, or None if it is not.
 
-        Stale: the rank saw ``preemption_seen`` for the job's incarnation, or
-        it has seen a newer generation of the same request.
+        Stale (spec section 4): the rank saw ``preemption_seen`` for the job's
+        incarnation, or received a job of the same request with a greater gen.
         """
-        state = self.requests.get(info.req)
-        if state is not None and info.gen < state.gen:
-            return state.gen_seq
+        received = self.newest_received.get(info.req)
+        if received is not None and received[0] > info.gen:
+            return received[1]
         return self.ended.get((info.req, info.gen))
+
+    def _saw(self, seen: dict[str, tuple[int, int]], req: str, gen: int, seq: int) -> None:
+        current = seen.get(req)
+        if current is None or gen > current[0]:
+            seen[req] = (gen, seq)
 
     def is_live(self, job: int) -> bool:
         """Registered here, of the newest generation, not ended, not yet reported."""
@@ -168,6 +177,8 @@ class RankLedger:
             rj = self._track(info, RankJobState(event.job, self.rank, received_seq=seq))
         else:  # records arrived before the registration; they were flagged then
             rj.received_seq = seq
+        self._saw(self.newest_received, info.req, info.gen, seq)
+        self._saw(self.newest_seen, info.req, info.gen, seq)
         state = self.requests.get(info.req)
         if state is None or info.gen > state.gen:
             # A newer generation replaces the request's state wholesale: the
@@ -181,6 +192,7 @@ class RankLedger:
 
     def _on_preemption_seen(self, seq: int, event: ev.PreemptionSeen, out: Out) -> None:
         self.ended.setdefault((event.req, event.gen), seq)
+        self._saw(self.newest_seen, event.req, event.gen, seq)
         state = self.requests.get(event.req)
         if state is None or event.gen > state.gen:
             state = StoreRequestState(event.req, event.gen, seq)
@@ -252,11 +264,10 @@ class RankLedger:
             return None
         stale = self.stale_since(info)
         if stale is not None:
-            state = self.requests.get(info.req)
-            newest = state.gen if state is not None else info.gen
+            received = self.newest_received.get(info.req)
             why = (
-                f"the rank had seen generation {newest}"
-                if newest > info.gen
+                f"the rank had received a job of generation {received[0]}"
+                if received is not None and received[1] == stale
                 else "the rank had seen it preempted or finished"
             )
             out.append(
@@ -325,14 +336,15 @@ class RankLedger:
 
     def _on_retired(self, seq: int, event: ev.RequestRetired, out: Out) -> None:
         state = self.requests.get(event.req)
-        if state is not None and event.gen < state.gen:
+        seen = self.newest_seen.get(event.req)
+        if seen is not None and event.gen < seen[0]:
             out.append(
                 Violation(
                     Code.STALE_GENERATION,
                     seq,
                     f"rank {self.rank} retired {event.req}/{event.gen} after it had seen "
-                    f"generation {state.gen} (seq {state.gen_seq})",
-                    chain_of(state.gen_seq),
+                    f"generation {seen[0]} (seq {seen[1]})",
+                    chain_of(seen[1]),
                     req=event.req,
                     gen=event.gen,
                     rank=self.rank,
@@ -437,6 +449,8 @@ class RankLedger:
         new.ended = dict(self.ended)
         new.offsets = dict(self.offsets)
         new.by_incarnation = dict(self.by_incarnation)
+        new.newest_received = dict(self.newest_received)
+        new.newest_seen = dict(self.newest_seen)
         return new
 
     def to_dict(self) -> dict[str, Any]:
