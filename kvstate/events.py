@@ -172,8 +172,9 @@ class JournalOpened(Event):
     version: int = attrs.field(validator=_version)
     block_size: int = attrs.field(validator=_positive)
     world_size: int = attrs.field(validator=_positive)
-    policy: str | None = attrs.field(default=None, validator=_opt_string)
-    engine: str | None = attrs.field(default=None, validator=_opt_string)
+    # descriptive only: any JSON scalar is accepted
+    policy: Any = attrs.field(default=None, validator=_scalar)
+    engine: Any = attrs.field(default=None, validator=_scalar)
     created: Any = attrs.field(default=None, validator=_scalar)
 
 
