@@ -27,7 +27,7 @@ from kvstate.violations import CODE_ORDER, Violation
 
 from .explain import describe, explain, lane
 from .report import lanes_table
-from .timeline import _selector
+from .timeline import selector
 from .timetravel import TimeTravel
 
 TABS = ("overview", "requests", "jobs", "blocks", "violations", "events")
@@ -366,7 +366,7 @@ class Inspector(App[None]):
             self.open_timeline(*target)
 
     def open_timeline(self, what: str, value: str | int) -> None:
-        wanted = _selector(
+        wanted = selector(
             str(value) if what == "req" else None, int(value) if what == "job" else None
         )
         entries = [e for e in self.tt.entries(0, self.tt.last_seq) if wanted(e.event)]

@@ -43,8 +43,9 @@ class Timeline:
         }
 
 
-def _selector(req: str | None, job: int | None):  # type: ignore[no-untyped-def]
-    """A stateful predicate: which records belong to the timeline, as they stream by."""
+def selector(req: str | None, job: int | None):  # type: ignore[no-untyped-def]
+    """A stateful predicate: which records belong to a request's (all generations)
+    or a job's timeline, fed the events in journal order."""
     jobs: set[int] = set()
     incarnation: list[tuple[str, int]] = []  # the job's (req, gen), once enqueued
 
@@ -74,7 +75,7 @@ def build(paths: Sequence[str], *, req: str | None = None, job: int | None = Non
     if (req is None) == (job is None):
         raise ValueError("give exactly one of req and job")
     result = replay(list(paths))
-    wanted = _selector(req, job)
+    wanted = selector(req, job)
     selected = [e for e in entries(paths) if wanted(e.event)]
     seqs = {e.seq for e in selected}
     marks: dict[int, list[Violation]] = {}

@@ -67,9 +67,6 @@ class TorchBlocks:
             event.record()  # on the compute stream, after the write
             self._written[rank] = event
 
-    def read(self, rank: int, blocks: Sequence[int]) -> list[bytes]:
-        return [bytes(view) for view in self.stage(rank, blocks)]
-
     def stage(self, rank: int, blocks: Sequence[int]) -> list[memoryview]:
         """The DMA: gather ``blocks`` into the staging area; one view per block."""
         torch = self.torch

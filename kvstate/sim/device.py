@@ -22,8 +22,6 @@ class BlockMemory(Protocol):
 
     def write(self, rank: int, block: int, data: bytes) -> None: ...
 
-    def read(self, rank: int, blocks: Sequence[int]) -> list[bytes]: ...
-
     def stage(self, rank: int, blocks: Sequence[int]) -> list[memoryview]: ...
 
 
@@ -38,10 +36,6 @@ class HostBlocks:
     def write(self, rank: int, block: int, data: bytes) -> None:
         start = block * self.block_bytes
         self._shards[rank][start : start + self.block_bytes] = data
-
-    def read(self, rank: int, blocks: Sequence[int]) -> list[bytes]:
-        shard, size = self._shards[rank], self.block_bytes
-        return [bytes(shard[b * size : (b + 1) * size]) for b in blocks]
 
     def stage(self, rank: int, blocks: Sequence[int]) -> list[memoryview]:
         shard, staging, size = self._shards[rank], self._staging[rank], self.block_bytes
