@@ -8,6 +8,7 @@ an envelope (``seq``, ``step``, ``rank``, ``ts``). The domain lives in
 from .database import Journal, is_journal_file
 from .errors import JournalError, RecordError, TamperedError
 from .jsonl import dump_record, parse_line, read_jsonl, read_jsonl_lines, write_jsonl
+from .output import OutputExists, atomic_output, refuse_existing
 from .record import Record
 from .writer import JournalWriter
 
@@ -15,13 +16,16 @@ __all__ = [
     "Journal",
     "JournalError",
     "JournalWriter",
+    "OutputExists",
     "Record",
     "RecordError",
     "TamperedError",
+    "atomic_output",
     "dump_record",
     "is_journal_file",
     "parse_line",
     "read_jsonl",
     "read_jsonl_lines",
+    "refuse_existing",
     "write_jsonl",
 ]

@@ -19,6 +19,7 @@ from .errors import JournalError
 
 SCHEMA_VERSION = 1
 TABLE = "records"
+_COLUMNS = frozenset({"seq", "kind", "step", "rank", "ts", "payload", "digest"})
 _KIND_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 _TRIGGERS = f"""
@@ -75,10 +76,17 @@ def check(conn: sqlite3.Connection, path: str) -> None:
         raise JournalError(f"{path}: not a journal database ({exc})") from exc
     if TABLE not in names or "schema_version" not in names:
         raise JournalError(f"{path}: not a kvstate journal (no '{TABLE}' table)")
-    row = conn.execute("SELECT version FROM schema_version").fetchone()
+    try:
+        columns = {r[1] for r in conn.execute(f"PRAGMA table_info({TABLE})")}
+        row = conn.execute("SELECT version FROM schema_version").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise JournalError(f"{path}: not a readable journal database ({exc})") from exc
+    if not columns >= _COLUMNS:
+        missing = ", ".join(sorted(_COLUMNS - columns))
+        raise JournalError(f"{path}: not a kvstate journal ('{TABLE}' lacks {missing})")
     if row is None or row[0] != SCHEMA_VERSION:
         found = None if row is None else row[0]
-        raise JournalError(f"{path}: unknown journal schema version {found}")
+        raise JournalError(f"{path}: unknown journal schema version {found!r}")
 
 
 def create_views(conn: sqlite3.Connection, kinds: Mapping[str, Sequence[str]]) -> None:

@@ -3,9 +3,15 @@
 Writes are group commits: :meth:`Journal.append` takes a whole batch (an
 engine step's records) and writes it in one transaction, because SQLite does
 tens of thousands of inserts per second but only a few hundred transactions.
-The database runs in WAL mode with ``synchronous=NORMAL``: a committed batch
-survives a crash of the application; a power loss may drop the last batches,
-never corrupt the ones before.
+The database runs in WAL mode. What a returned :meth:`Journal.append`
+promises depends on ``synchronous``:
+
+* ``NORMAL`` (the default): the batch is in the write-ahead log, handed to
+  the operating system. It survives the process being killed (SIGKILL, a
+  crash) at any moment. A power loss or kernel crash may drop the last
+  batches, never corrupt the ones before.
+* ``FULL``: the log is also fsynced before the commit returns, so the batch
+  survives a power loss too, at the price of one disk flush per batch.
 
 Reads stream in ``seq`` order straight from a cursor, so memory does not grow
 with the journal, and every record's digest is checked against the chain as
@@ -23,7 +29,7 @@ from typing import Any
 
 import msgpack
 
-from . import _chain, _schema
+from . import _chain, _schema, _values
 from .errors import JournalError, RecordError, TamperedError
 from .record import Record
 
@@ -33,6 +39,10 @@ _INSERT = (
 )
 _SELECT = f"SELECT seq, kind, step, rank, ts, payload, digest FROM {_schema.TABLE}"
 _FOLLOW_CHUNK = 4096
+#: ``synchronous`` levels a journal can be opened with (see the module docstring)
+SYNCHRONOUS = ("NORMAL", "FULL")
+#: the seq "before every record": seqs are non-negative
+BEFORE_FIRST = -1
 
 
 def is_journal_file(path: str | os.PathLike[str]) -> bool:
@@ -53,13 +63,24 @@ class Journal:
     :class:`~journal.writer.JournalWriter` owns it from its thread).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        readonly: bool = False,
+        synchronous: str = "NORMAL",
+    ) -> None:
         self.path = os.fspath(path)
         self.readonly = readonly
+        if synchronous not in SYNCHRONOUS:
+            raise JournalError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
+        self.synchronous = synchronous
         try:
             if readonly:
                 if not os.path.exists(self.path):
                     raise JournalError(f"{self.path}: no such journal")
+                if os.path.isdir(self.path):
+                    raise JournalError(f"{self.path}: is a directory, not a journal")
                 uri = f"file:{self.path}?mode=ro"
                 self._conn = sqlite3.connect(
                     uri, uri=True, isolation_level=None, check_same_thread=False
@@ -72,7 +93,7 @@ class Journal:
             _schema.register_functions(self._conn)
             if not readonly:
                 self._conn.execute("PRAGMA journal_mode = WAL")
-                self._conn.execute("PRAGMA synchronous = NORMAL")
+                self._conn.execute(f"PRAGMA synchronous = {synchronous}")
                 _schema.create(self._conn)
             _schema.check(self._conn, self.path)
         except sqlite3.DatabaseError as exc:
@@ -82,11 +103,14 @@ class Journal:
     # -- writing -----------------------------------------------------------------
 
     def head(self) -> tuple[int, bytes]:
-        """The last record's ``seq`` and digest; ``(0, GENESIS)`` when empty."""
-        row = self._conn.execute(
-            f"SELECT seq, digest FROM {_schema.TABLE} ORDER BY seq DESC LIMIT 1"
-        ).fetchone()
-        return (0, _chain.GENESIS) if row is None else (row[0], row[1])
+        """The last record's ``seq`` and digest; ``(BEFORE_FIRST, GENESIS)`` when empty."""
+        try:
+            row = self._conn.execute(
+                f"SELECT seq, digest FROM {_schema.TABLE} ORDER BY seq DESC LIMIT 1"
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise JournalError(f"{self.path}: cannot read the journal: {exc}") from exc
+        return (BEFORE_FIRST, _chain.GENESIS) if row is None else (row[0], row[1])
 
     def append(self, records: Iterable[Record]) -> int:
         """Append a batch in one transaction; returns how many were written.
@@ -105,6 +129,8 @@ class Journal:
             last_seq, digest = self.head()
             rows = []
             for rec in records:
+                if rec.seq < 0:
+                    raise RecordError(f"seq {rec.seq} is negative", path=self.path, seq=rec.seq)
                 if rec.seq <= last_seq:
                     raise RecordError(
                         f"seq {rec.seq} does not follow seq {last_seq}", path=self.path, seq=rec.seq
@@ -128,31 +154,42 @@ class Journal:
     # -- reading -----------------------------------------------------------------
 
     def __len__(self) -> int:
-        return self._conn.execute(f"SELECT count(*) FROM {_schema.TABLE}").fetchone()[0]
+        try:
+            return self._conn.execute(f"SELECT count(*) FROM {_schema.TABLE}").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise JournalError(f"{self.path}: cannot read the journal: {exc}") from exc
 
     def records(
-        self, *, after: int = 0, upto: int | None = None, verify: bool = True
+        self, *, after: int = BEFORE_FIRST, upto: int | None = None, verify: bool = True
     ) -> Iterator[Record]:
         """Stream the records with ``after < seq <= upto`` in seq order.
 
         With ``verify`` each digest is recomputed and a break in the chain
-        raises :class:`TamperedError` naming the first bad seq.
+        raises :class:`TamperedError` naming the first bad seq. A row SQLite
+        cannot read (a damaged page, text that is not UTF-8) raises
+        :class:`RecordError` naming the last good seq.
         """
-        previous = self._digest_before(after) if verify else _chain.GENESIS
-        if upto is None:
-            cursor = self._conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq", (after,))
-        else:
-            cursor = self._conn.execute(
-                f"{_SELECT} WHERE seq > ? AND seq <= ? ORDER BY seq", (after, upto)
-            )
-        for row in cursor:
-            record, previous = self._decode(row, previous, verify)
-            yield record
+        last = after
+        try:
+            previous = self._digest_before(after) if verify else _chain.GENESIS
+            if upto is None:
+                cursor = self._conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq", (after,))
+            else:
+                cursor = self._conn.execute(
+                    f"{_SELECT} WHERE seq > ? AND seq <= ? ORDER BY seq", (after, upto)
+                )
+            for row in cursor:
+                record, previous = self._decode(row, previous, verify)
+                last = record.seq
+                yield record
+        except sqlite3.Error as exc:
+            where = "the first record" if last == BEFORE_FIRST else f"the record after seq {last}"
+            raise RecordError(f"cannot read {where}: {exc}", path=self.path) from exc
 
     def follow(
         self,
         *,
-        after: int = 0,
+        after: int = BEFORE_FIRST,
         poll_interval: float = 0.1,
         stop: Callable[[], bool] | threading.Event | None = None,
     ) -> Iterator[Record]:
@@ -165,9 +202,14 @@ class Journal:
         previous = self._digest_before(after)
         last = after
         while True:
-            rows = self._conn.execute(
-                f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT {_FOLLOW_CHUNK}", (last,)
-            ).fetchall()
+            try:
+                rows = self._conn.execute(
+                    f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT {_FOLLOW_CHUNK}", (last,)
+                ).fetchall()
+            except sqlite3.Error as exc:
+                raise RecordError(
+                    f"cannot read the record after seq {last}: {exc}", path=self.path
+                ) from exc
             for row in rows:
                 record, previous = self._decode(row, previous, True)
                 last = record.seq
@@ -179,7 +221,7 @@ class Journal:
             time.sleep(poll_interval)
 
     def _digest_before(self, after: int) -> bytes:
-        if after <= 0:
+        if after < 0:
             return _chain.GENESIS
         row = self._conn.execute(
             f"SELECT digest FROM {_schema.TABLE} WHERE seq <= ? ORDER BY seq DESC LIMIT 1",
@@ -189,6 +231,10 @@ class Journal:
 
     def _decode(self, row: tuple[Any, ...], previous: bytes, verify: bool) -> tuple[Record, bytes]:
         seq, kind, step, rank, ts, payload, digest = row
+        if type(payload) is not bytes or type(digest) is not bytes or type(kind) is not str:
+            raise RecordError(
+                "row does not have the journal's column types", path=self.path, seq=seq
+            )
         if verify:
             expected = _chain.link(previous, seq, kind, step, rank, ts, payload)
             if expected != digest:
@@ -199,10 +245,14 @@ class Journal:
                 )
         try:
             fields = msgpack.unpackb(payload, raw=False)
-        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+                msgpack.StackError) as exc:  # fmt: skip
             raise RecordError(f"payload is not msgpack: {exc}", path=self.path, seq=seq) from exc
         if not isinstance(fields, dict):
             raise RecordError("payload is not a map", path=self.path, seq=seq)
+        found = _values.problem(fields)
+        if found:
+            raise RecordError(f"unusable value in the payload: {found}", path=self.path, seq=seq)
         return Record(seq, kind, fields, step, rank, ts), digest
 
     # -- lifecycle ---------------------------------------------------------------

@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from . import _values
 from .errors import RecordError
 from .record import Record
 
@@ -23,16 +24,30 @@ def _is_int(value: Any) -> bool:
     return type(value) is int
 
 
+_decode = json.JSONDecoder(
+    parse_int=_values.parse_int, parse_constant=_values.parse_constant
+).decode
+
+
 def parse_line(text: str, *, path: str, line: int) -> Record:
     """Parse one JSON Lines record (no order check)."""
     try:
-        obj = json.loads(text)
+        obj = _decode(text)
     except json.JSONDecodeError as exc:
         raise RecordError(
             f"not valid JSON: {exc.msg} (column {exc.colno})", path=path, line=line
         ) from None
+    except RecursionError:
+        raise RecordError("not valid JSON: nested too deeply", path=path, line=line) from None
+    except ValueError as exc:
+        raise RecordError(f"not valid JSON: {exc}", path=path, line=line) from None
     if not isinstance(obj, dict):
         raise RecordError("a record must be a JSON object", path=path, line=line)
+    # Strings may still hold lone surrogates (from \ud800 escapes), and
+    # nesting may be deep but not recursion-deep: one walk settles both.
+    found = _values.problem(obj)
+    if found:
+        raise RecordError(f"unusable value: {found}", path=path, line=line)
     kind = obj.pop("kind", None)
     if not isinstance(kind, str) or not kind:
         raise RecordError("record has no 'kind' string", path=path, line=line)
@@ -85,8 +100,8 @@ def read_jsonl_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, Record
 
 
 def dump_record(record: Record) -> str:
-    """One record as a compact JSON line (without the newline)."""
-    return json.dumps(record.to_dict(), separators=(",", ":"), ensure_ascii=False)
+    """One record as a compact, standard JSON line (without the newline)."""
+    return json.dumps(record.to_dict(), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def write_jsonl(records: Iterable[Record], out: str | os.PathLike[str] | IO[str]) -> int:

@@ -1,16 +1,29 @@
-"""Group commit from a background thread, so the caller never waits on disk.
+"""Group commit from a background thread.
 
 The producer appends items to an in-memory batch (a list append under a
-lock); :meth:`JournalWriter.commit` hands the batch over, typically once per
-engine step. The writer thread encodes the items to :class:`Record` and
-writes each batch in one transaction. Encoding happens on the writer thread
-too: the caller's hot path only appends a reference.
+lock). :meth:`JournalWriter.commit` ends the batch, typically once per
+engine step; the writer thread encodes the items to :class:`Record` and
+writes the batch in one transaction.
+
+``commit()`` returns once its batch is durable at the journal's
+``synchronous`` level (see :mod:`journal.database`): a process killed right
+after ``commit()`` returned has that batch on disk. ``commit(wait=False)``
+only hands the batch over, for callers that would rather not wait; such a
+batch is written shortly after, and at the latest by :meth:`flush`,
+:meth:`close` or when the interpreter exits.
+
+A writer that was never closed is flushed when the interpreter exits
+normally (also after an uncaught exception): nothing recorded before a
+normal exit is lost, even though the writer thread is a daemon thread.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -21,15 +34,27 @@ from .record import Record
 T = TypeVar("T")
 _STOP = object()
 
+#: writers still open, flushed at interpreter exit
+_OPEN: weakref.WeakSet[JournalWriter[object]] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_open_writers() -> None:
+    # Exiting: a write error was raised from commit already; nothing to add.
+    for writer in list(_OPEN):
+        with contextlib.suppress(Exception):
+            writer.flush()
+
 
 class JournalWriter(Generic[T]):
     """Buffers items and writes them to a :class:`Journal` in batches.
 
     ``encode`` turns one buffered item into a :class:`Record`. With
-    ``background=False`` each commit writes synchronously (tests, tools).
-    A failure in the writer thread is raised from the next ``commit``,
-    ``flush`` or ``close``; batches that could not be written stay in
-    :attr:`unwritten` so nothing is silently lost.
+    ``background=False`` each commit writes on the caller's thread (tests,
+    tools). A failure to write is raised from the ``commit`` that waited for
+    it, or from the next ``commit``, ``flush`` or ``close``; batches that
+    could not be written stay in :attr:`unwritten` so nothing is silently
+    lost.
     """
 
     def __init__(
@@ -43,41 +68,82 @@ class JournalWriter(Generic[T]):
         self.unwritten: list[list[T]] = []
         self._queue: queue.Queue[object] | None = None
         self._thread: threading.Thread | None = None
+        # Batches handed over and batches written, counted, so a commit can
+        # wait for exactly its own batch.
+        self._submitted = 0
+        self._written = 0
+        self._progress = threading.Condition()
+        self._closed = False
         if background:
             self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
             self._thread.start()
+        _OPEN.add(self)  # type: ignore[arg-type]
 
     def append(self, item: T) -> None:
         """Add one item to the current batch (no I/O)."""
         with self._lock:
             self._buffer.append(item)
 
-    def commit(self) -> None:
-        """End the current batch: it is written as one transaction."""
+    def commit(self, *, wait: bool = True) -> None:
+        """End the current batch: it is written as one transaction.
+
+        With ``wait`` (the default) this returns once the batch is on disk at
+        the journal's durability level, and raises if it could not be written.
+        """
         self._raise_if_failed()
         with self._lock:
             batch, self._buffer = self._buffer, []
-        if not batch:
-            return
-        if self._queue is None:
-            self._write(batch)
+            if not batch:
+                ticket = self._submitted
+            else:
+                self._submitted += 1
+                ticket = self._submitted
+                # Under the lock: batches are written in commit order.
+                if self._queue is not None:
+                    self._queue.put(batch)
+                else:
+                    self._write(batch)
+        if wait:
+            self._wait_for(ticket)
             self._raise_if_failed()
-        else:
-            self._queue.put(batch)
+
+    def _wait_for(self, ticket: int) -> None:
+        thread = self._thread
+        with self._progress:
+            while self._written < ticket:
+                if thread is not None and not thread.is_alive():
+                    # The interpreter is shutting down and took the thread:
+                    # write what is left from here.
+                    self._drain_here()
+                    return
+                self._progress.wait(0.1)
+
+    def _drain_here(self) -> None:
+        q = self._queue
+        if q is None:
+            return
+        while True:
+            try:
+                batch = q.get_nowait()
+            except queue.Empty:
+                return
+            if batch is not _STOP:
+                self._write(batch)  # type: ignore[arg-type]
 
     def flush(self) -> None:
         """Commit and wait until everything handed over is on disk."""
-        self.commit()
-        if self._queue is not None:
-            self._queue.join()
-        self._raise_if_failed()
+        self.commit(wait=True)
 
     def close(self) -> None:
-        """Flush, stop the writer thread and close the journal."""
+        """Flush, stop the writer thread and close the journal (idempotent)."""
+        if self._closed:
+            return
         try:
             self.flush()
         finally:
+            self._closed = True
+            _OPEN.discard(self)  # type: ignore[arg-type]
             if self._thread is not None and self._queue is not None:
                 self._queue.put(_STOP)
                 self._thread.join()
@@ -98,22 +164,24 @@ class JournalWriter(Generic[T]):
             raise JournalError("writer thread started without a queue")
         while True:
             batch = q.get()
-            try:
-                if batch is _STOP:
-                    return
-                self._write(batch)  # type: ignore[arg-type]
-            finally:
-                q.task_done()
+            if batch is _STOP:
+                return
+            self._write(batch)  # type: ignore[arg-type]
 
     def _write(self, batch: list[T]) -> None:
-        if self._error is not None:
-            self.unwritten.append(batch)
-            return
         try:
-            self.journal.append([self._encode(item) for item in batch])
-        except BaseException as exc:
-            self._error = exc
-            self.unwritten.append(batch)
+            if self._error is not None:
+                self.unwritten.append(batch)
+                return
+            try:
+                self.journal.append([self._encode(item) for item in batch])
+            except BaseException as exc:
+                self._error = exc
+                self.unwritten.append(batch)
+        finally:
+            with self._progress:
+                self._written += 1
+                self._progress.notify_all()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

@@ -30,6 +30,7 @@ MODES = ("append", "replace")
 SKIP_REASONS = ("stale", "pressure", "empty", "error")
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+_INF = float("inf")
 
 
 # -- validators and converters -------------------------------------------------------
@@ -37,14 +38,32 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 # connector's hot path and each costs one type check and one comparison.
 
 
+#: ids and counts are signed 64-bit integers on disk
+INT_MAX = 2**63 - 1
+#: the largest ``world_size`` a journal can mean: replay never loops over
+#: declared ranks, but a bound keeps reports and tools honest
+MAX_WORLD_SIZE = 1 << 16
+#: the largest ``block_size`` (tokens per block) a journal can mean
+MAX_BLOCK_SIZE = 1 << 24
+
+
 def _nonneg(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
-    if type(value) is not int or value < 0:
+    if type(value) is not int or not 0 <= value <= INT_MAX:
         raise ValueError(f"'{attribute.name}' must be a non-negative integer, not {value!r}")
 
 
 def _positive(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
-    if type(value) is not int or value <= 0:
+    if type(value) is not int or not 0 < value <= INT_MAX:
         raise ValueError(f"'{attribute.name}' must be a positive integer, not {value!r}")
+
+
+def _at_most(limit: int):  # type: ignore[no-untyped-def]
+    def check(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+        _positive(_inst, attribute, value)
+        if value > limit:
+            raise ValueError(f"'{attribute.name}' {value} is larger than any engine ({limit})")
+
+    return check
 
 
 def _string(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
@@ -65,6 +84,8 @@ def _boolean(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # 
 def _scalar(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
     if value is not None and type(value) not in (str, int, float, bool):
         raise ValueError(f"'{attribute.name}' must be a string or number, not {value!r}")
+    if type(value) is float and (value != value or value in (_INF, -_INF)):
+        raise ValueError(f"'{attribute.name}' must be a finite number, not {value!r}")
 
 
 def _one_of(values: tuple[str, ...]):  # type: ignore[no-untyped-def]
@@ -80,7 +101,7 @@ def _ids(value: Any) -> tuple[int, ...]:
     if type(value) not in (list, tuple):
         raise ValueError(f"expected a list of non-negative integers, not {value!r}")
     for v in value:
-        if type(v) is not int or v < 0:
+        if type(v) is not int or not 0 <= v <= INT_MAX:
             raise ValueError(f"expected non-negative integers, found {v!r}")
     return tuple(value)
 
@@ -100,8 +121,8 @@ def _opt_hashes(value: Any) -> tuple[str | int, ...] | None:
     if type(value) not in (list, tuple):
         raise ValueError(f"'hashes' must be a list, not {value!r}")
     for v in value:
-        if type(v) not in (str, int):
-            raise ValueError(f"'hashes' must hold strings or integers, found {v!r}")
+        if type(v) not in (str, int) or (type(v) is int and not -INT_MAX - 1 <= v <= INT_MAX):
+            raise ValueError(f"'hashes' must hold strings or 64-bit integers, found {v!r}")
     return tuple(value)
 
 
@@ -170,8 +191,8 @@ class JournalOpened(Event):
     """First record of every journal: format version and engine geometry."""
 
     version: int = attrs.field(validator=_version)
-    block_size: int = attrs.field(validator=_positive)
-    world_size: int = attrs.field(validator=_positive)
+    block_size: int = attrs.field(validator=_at_most(MAX_BLOCK_SIZE))
+    world_size: int = attrs.field(validator=_at_most(MAX_WORLD_SIZE))
     # descriptive only: any JSON scalar is accepted
     policy: Any = attrs.field(default=None, validator=_scalar)
     engine: Any = attrs.field(default=None, validator=_scalar)
@@ -255,7 +276,7 @@ class JobEnqueued(Event):
     reads: tuple[int, ...] = attrs.field(converter=_ids)
     pins: tuple[int, ...] = attrs.field(converter=_ids)
     keys: tuple[str, ...] = attrs.field(converter=_strings)
-    world_size: int = attrs.field(validator=_positive)
+    world_size: int = attrs.field(validator=_at_most(MAX_WORLD_SIZE))
     parent: str | None = attrs.field(default=None, validator=_opt_string)
 
     def __attrs_post_init__(self) -> None:

@@ -57,6 +57,9 @@ class Ledger:
         self.last_job_seq: int | None = None
         self.step = 0
         self.records = 0
+        #: the last record folded: its seq and kind (for the end-of-journal check)
+        self.last_seq: int | None = None
+        self.last_kind: str | None = None
         self.crashes: list[int] = []
         #: jobs whose pins are still held, in enqueue order
         self.pinned: dict[int, None] = {}
@@ -106,6 +109,7 @@ class Ledger:
                 f"the first record must be journal_opened, found {event.kind}", seq=seq
             )
         self.records += 1
+        self.last_seq, self.last_kind = seq, event.kind
         if event.side == ev.SIDE_SCHEDULER:
             if step < self.step:
                 out.append(
@@ -124,11 +128,32 @@ class Ledger:
         return out
 
     def fold(self, entries: Iterable[Entry]) -> list[Violation]:
-        """Apply entries in order; return every violation."""
+        """Apply entries in order, then the end-of-journal check; return every finding."""
         found: list[Violation] = []
         for entry in entries:
             found.extend(self.apply(entry.seq, entry.step, entry.event))
+        found.extend(self.end())
         return found
+
+    def end(self) -> list[Violation]:
+        """The journal ends here: warn if it ends before the engine did (spec section 8).
+
+        The quiescence checks run only at ``engine_idle``. A journal that
+        stops elsewhere (a killed process, a truncated file, a removed tail)
+        was never checked for leaked pins, missing reports or held blocks,
+        so it must not read as plainly clean.
+        """
+        if self.last_kind in ("engine_idle", "engine_crashed") or self.last_seq is None:
+            return []
+        return [
+            Violation(
+                Code.UNFINISHED,
+                self.last_seq,
+                f"the journal ends at seq {self.last_seq} ({self.last_kind}) without "
+                "engine_idle or engine_crashed: the end-of-run checks (LEAKED_PIN, "
+                "MISSING_REPORT, HELD_FOREVER) did not run",
+            )
+        ]
 
     # -- blocks ------------------------------------------------------------------------
 
@@ -561,24 +586,36 @@ class Ledger:
                 )
             if not self.observes_workers:
                 continue  # a live scheduler cannot see the ranks' records
-            for rank in range(job.world_size):
-                rj = job.ranks.get(rank)
-                if rj is not None and rj.reported_seq is not None:
+            # Ranks that received the job: one finding each. Ranks that never
+            # did: one finding per job naming them, so the work here follows
+            # the records, never the world_size a header declares.
+            for rank, rj in sorted(job.ranks.items()):
+                if rj.reported_seq is not None or not self._first(
+                    Code.MISSING_REPORT, (job.job, rank)
+                ):
                     continue
-                if not self._first(Code.MISSING_REPORT, (job.job, rank)):
-                    continue
-                if rj is None:
-                    what, chain = "never received it", chain_of(job.enqueued_seq)
-                else:
-                    what = f"received it but never reported it (last phase: {rj.phase})"
-                    chain = chain_of(job.enqueued_seq, rj.received_seq)
                 out.append(
                     Violation(
                         Code.MISSING_REPORT,
                         seq,
-                        f"engine idle, and rank {rank} {what}: job {job.job}",
-                        chain,
+                        f"engine idle, and rank {rank} received job {job.job} but never "
+                        f"reported it (last phase: {rj.phase})",
+                        chain_of(job.enqueued_seq, rj.received_seq),
                         rank=rank,
+                        **entities,
+                    )
+                )
+            absent = job.world_size - len(job.ranks)
+            if absent > 0 and self._first(Code.MISSING_REPORT, (job.job, None)):
+                first = next(r for r in range(job.world_size) if r not in job.ranks)
+                which = f"rank {first}" if absent == 1 else f"{absent} ranks (first: rank {first})"
+                out.append(
+                    Violation(
+                        Code.MISSING_REPORT,
+                        seq,
+                        f"engine idle, and {which} never received job {job.job}",
+                        chain_of(job.enqueued_seq),
+                        rank=first,
                         **entities,
                     )
                 )
@@ -658,6 +695,7 @@ class Ledger:
             new.jobs[job_id] = job.copy(ranks)
         new.last_job, new.last_job_seq = self.last_job, self.last_job_seq
         new.step, new.records = self.step, self.records
+        new.last_seq, new.last_kind = self.last_seq, self.last_kind
         new.crashes = list(self.crashes)
         new.pinned = dict(self.pinned)
         new.key_writers = dict(self.key_writers)

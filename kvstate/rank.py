@@ -39,9 +39,15 @@ Out = list[Violation]
 class RankLedger:
     """The folded state of one rank: its jobs and its per-request state."""
 
-    def __init__(self, rank: int, jobs: Mapping[int, JobInfo]) -> None:
+    def __init__(
+        self, rank: int, jobs: Mapping[int, JobInfo], *, knows_all_jobs: bool = True
+    ) -> None:
         self.rank = rank
         self._info = jobs
+        #: replay sees every enqueue, so a job missing from ``jobs`` was never
+        #: enqueued (CAUSALITY); a live worker knows only the jobs it
+        #: registered, so there a missing job ran unregistered (UNLEDGERED_JOB)
+        self.knows_all_jobs = knows_all_jobs
         self.jobs: dict[int, RankJobState] = {}
         self.requests: dict[str, StoreRequestState] = {}
         #: (req, gen) -> seq of the preemption_seen that ended it on this rank
@@ -119,12 +125,15 @@ class RankLedger:
         """The job a record names; flags an unknown or unregistered job."""
         info = self._info.get(event.job)
         if info is None:
+            if self.knows_all_jobs:
+                code, why = Code.CAUSALITY, "which was never enqueued"
+            else:
+                code, why = Code.UNLEDGERED_JOB, "which the rank never registered (job_received)"
             out.append(
                 Violation(
-                    Code.CAUSALITY,
+                    code,
                     seq,
-                    f"{event.kind} on rank {self.rank} names job {event.job}, "
-                    "which was never enqueued",
+                    f"{event.kind} on rank {self.rank} names job {event.job}, {why}",
                     job=event.job,
                     rank=self.rank,
                 )
@@ -443,7 +452,7 @@ class RankLedger:
 
     def clone(self, jobs: Mapping[int, JobInfo]) -> RankLedger:
         """A copy of this rank's state, reading job descriptions from ``jobs``."""
-        new = RankLedger(self.rank, jobs)
+        new = RankLedger(self.rank, jobs, knows_all_jobs=self.knows_all_jobs)
         new.jobs = {job: rj.copy() for job, rj in self.jobs.items()}
         new.requests = {req: st.copy() for req, st in self.requests.items()}
         new.ended = dict(self.ended)

@@ -12,6 +12,7 @@ by the recorder itself when it is created.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -76,14 +77,18 @@ class Recorder:
         background: bool = True,
         keep: bool = False,
         clock: Callable[[], int] = time.monotonic_ns,
+        synchronous: str = "NORMAL",
         **descriptive: str,
     ) -> Recorder:
         """A recorder writing a new journal database at ``path``.
 
+        ``synchronous`` is the journal's durability level: ``NORMAL`` (a
+        committed step survives the process being killed) or ``FULL`` (it
+        also survives a power loss); see :mod:`journal.database`.
         ``descriptive`` fields (``policy``, ``engine``, ``created``) go into
         the ``journal_opened`` header.
         """
-        journal = Journal(path)
+        journal = Journal(path, synchronous=synchronous)
         if len(journal):
             journal.close()
             raise FileExistsError(f"{os.fspath(path)}: journal already has records")
@@ -121,15 +126,31 @@ class Recorder:
         """How many events were recorded, the header included."""
         return self._next_seq - 1
 
-    def commit(self) -> None:
-        """End a group commit (an engine step): the batch goes to disk as one transaction."""
+    def commit(self, *, wait: bool = True) -> None:
+        """End a group commit (an engine step): the batch goes to disk as one transaction.
+
+        Returns once the batch is durable (see :meth:`journal.JournalWriter.commit`);
+        ``wait=False`` hands it to the writer thread without waiting.
+        """
         if self.writer is not None:
-            self.writer.commit()
+            self.writer.commit(wait=wait)
 
     def flush(self) -> None:
         """Commit and wait until the journal holds every recorded event."""
         if self.writer is not None:
             self.writer.flush()
+
+    def flush_before_raising(self) -> None:
+        """Put everything recorded on disk because the caller is about to raise.
+
+        Used on every error path of the ledgers, so the records up to and
+        including the one that broke an invariant survive whatever the
+        exception does to the process. A failing journal must not hide the
+        original error, so a write failure here is left to the next commit.
+        """
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.flush()
 
     def close(self) -> None:
         """Flush and close the journal."""

@@ -17,11 +17,13 @@ The two rules the upstream fixes arrived at are built in:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import NoReturn
 
 from . import events as ev
+from .errors import UnknownJobError, UnknownRequestError
 from .ledger import Ledger
 from .recorder import Recorder
-from .state import StoreJobState
+from .state import RequestState, StoreJobState
 from .violations import Violation, raise_for
 
 
@@ -54,9 +56,23 @@ class SchedulerLedger:
         found = self.ledger.apply(entry.seq, entry.step, event)
         if found:
             self.violations.extend(found)
-            if self.strict:
+            if self.strict and any(not v.is_warning for v in found):
+                # The breaching record is on disk before the exception can
+                # take the process down.
+                self.recorder.flush_before_raising()
                 raise_for(found)
         return entry.seq
+
+    def _fail(self, error: Exception) -> NoReturn:
+        """Raise a usage error, with everything recorded so far on disk."""
+        self.recorder.flush_before_raising()
+        raise error
+
+    def _request(self, req: str, hook: str) -> RequestState:
+        request = self.ledger.requests.get(req)
+        if request is None:
+            self._fail(UnknownRequestError(req, hook))
+        return request
 
     def begin_step(self, step: int | None = None) -> int:
         """Start the next engine step; the previous one's records are committed together."""
@@ -66,9 +82,9 @@ class SchedulerLedger:
 
     # -- requests --------------------------------------------------------------------
 
-    def current_gen(self, req: str) -> int:
-        """The newest generation of ``req`` (KeyError if it was never admitted)."""
-        return self.ledger.requests[req].newest_gen
+    def current_gen(self, req: str, hook: str = "current_gen") -> int:
+        """The newest generation of ``req`` (:class:`UnknownRequestError` if never admitted)."""
+        return self._request(req, hook).newest_gen
 
     def _next_gen(self, req: str) -> int:
         request = self.ledger.requests.get(req)
@@ -82,13 +98,14 @@ class SchedulerLedger:
 
     def resume(self, req: str) -> int:
         """A preempted request runs again as a new, greater generation."""
+        self._request(req, "resume")
         gen = self._next_gen(req)
         self._emit(ev.RequestResumed(req=req, gen=gen))
         return gen
 
     def preempt(self, req: str) -> None:
         """The engine took the request's blocks back. Jobs keep their own pins."""
-        self._emit(ev.RequestPreempted(req=req, gen=self.current_gen(req)))
+        self._emit(ev.RequestPreempted(req=req, gen=self.current_gen(req, "preempt")))
 
     def request_finished(self, req: str, *, hold: bool = False, aborted: bool = False) -> None:
         """Finish or abort; legal in any state, including after a preemption.
@@ -96,7 +113,7 @@ class SchedulerLedger:
         There is deliberately no lookup that could fail here: upstream's
         ``assert tracker is not None`` crashed the engine on exactly this path.
         """
-        gen = self.current_gen(req)
+        gen = self.current_gen(req, "request_finished")
         hold = self._finish_hold(req, hold)
         self._emit(ev.RequestFinished(req=req, gen=gen, hold=hold, aborted=aborted))
 
@@ -110,9 +127,9 @@ class SchedulerLedger:
         generation is not necessarily the one holding them.
         """
         if gen is None:
-            incarnations = self.ledger.requests[req].incarnations
+            incarnations = self._request(req, "release_held").incarnations
             held = [g for g, inc in incarnations.items() if inc.held]
-            gen = max(held) if held else self.current_gen(req)
+            gen = max(held) if held else self.current_gen(req, "release_held")
         self._emit(ev.HeldBlocksReleased(req=req, gen=gen))
 
     def assign_blocks(
@@ -129,7 +146,7 @@ class SchedulerLedger:
         self._emit(
             ev.BlocksAssigned(
                 req=req,
-                gen=self.current_gen(req),
+                gen=self.current_gen(req, "assign_blocks"),
                 blocks=tuple(blocks),
                 mode=self._assign_mode(req, resumed),
                 cached=tuple(cached),
@@ -138,7 +155,7 @@ class SchedulerLedger:
 
     def table(self, req: str) -> list[int]:
         """The current block table of ``req``'s newest generation."""
-        return list(self.ledger.requests[req].current.table)
+        return list(self._request(req, "table").current.table)
 
     # -- store jobs --------------------------------------------------------------------
 
@@ -162,7 +179,7 @@ class SchedulerLedger:
         ``reads`` defaults to the blocks covering ``[0, token_end)`` plus the
         copy-on-write blocks.
         """
-        request = self.ledger.requests[req]
+        request = self._request(req, "enqueue_store_job")
         table = self._job_table(req)
         if reads is None:
             covered = -(-token_end // self.block_size)
@@ -188,7 +205,10 @@ class SchedulerLedger:
 
     def job(self, job: int) -> StoreJobState:
         """The folded state of one job."""
-        return self.ledger.jobs[job]
+        state = self.ledger.jobs.get(job)
+        if state is None:
+            self._fail(UnknownJobError(job, "job"))
+        return state
 
     def update_connector_output(self, completed: Mapping[int, int]) -> None:
         """Consume the completion counts of one step, aggregated over ranks."""
@@ -212,7 +232,7 @@ class SchedulerLedger:
 
     def release_pins(self, job: int) -> tuple[int, ...]:
         """Release one job's pins (tail first); returns the blocks to free, in order."""
-        blocks = tuple(reversed(self.ledger.jobs[job].pins))
+        blocks = tuple(reversed(self.job(job).pins))
         self._emit(ev.PinsReleased(job=job, blocks=blocks))
         return blocks
 

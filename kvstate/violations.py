@@ -45,13 +45,21 @@ class Code(str, enum.Enum):
     STEP_REGRESSED = "STEP_REGRESSED"
     NOTHING_HELD = "NOTHING_HELD"
     DUPLICATE_RECEIVE = "DUPLICATE_RECEIVE"
+    # -- spec section 8: the journal ends before the engine did --
+    UNFINISHED = "UNFINISHED"
 
     def __str__(self) -> str:
         return self.value
 
 
 WARNING_CODES = frozenset(
-    {Code.RELEASE_ORDER, Code.STEP_REGRESSED, Code.NOTHING_HELD, Code.DUPLICATE_RECEIVE}
+    {
+        Code.RELEASE_ORDER,
+        Code.STEP_REGRESSED,
+        Code.NOTHING_HELD,
+        Code.DUPLICATE_RECEIVE,
+        Code.UNFINISHED,
+    }
 )
 
 #: the order of the spec's table, used to sort summaries

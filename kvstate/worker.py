@@ -14,13 +14,14 @@ records, the same fold replay uses.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from types import TracebackType
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
 from . import events as ev
+from .errors import DuplicateJobError, UnknownJobError
 from .rank import RankLedger
 from .recorder import Recorder
 from .violations import Violation, raise_for
@@ -56,20 +57,26 @@ class WorkerLedger:
         self.recorder = recorder
         self.strict = strict
         self._specs: dict[int, JobSpec] = {}
-        self.state = RankLedger(rank, self._specs)
+        self.state = RankLedger(rank, self._specs, knows_all_jobs=False)
         self.violations: list[Violation] = []
         self.step = 0
         self._completed: dict[int, int] = {}
         self._lock = threading.RLock()
 
-    def _emit(self, event: ev.Event) -> None:
-        # Called with the lock held: the record and its fold are one step.
+    def _emit(self, event: ev.Event, *, quiet: bool = False) -> None:
+        """Record and fold one event; in strict mode raise on a breach unless ``quiet``.
+
+        Called with the lock held: the record and its fold are one step.
+        ``quiet`` is for records made while another exception is already
+        unwinding: their violations are collected, the first error wins.
+        """
         entry = self.recorder.record(event, self.step)
         found: list[Violation] = []
         self.state.apply(entry.seq, event, found)
         if found:
             self.violations.extend(found)
-            if self.strict:
+            if self.strict and not quiet and any(not v.is_warning for v in found):
+                self.recorder.flush_before_raising()
                 raise_for(found)
 
     def begin_step(self, step: int) -> None:
@@ -82,6 +89,9 @@ class WorkerLedger:
         """Enter a job in the ledger. Call before putting it on the queue, so
         no job is ever dequeued unledgered."""
         with self._lock:
+            if spec.job in self._specs:
+                self.recorder.flush_before_raising()
+                raise DuplicateJobError(spec.job, self.rank)
             self._specs[spec.job] = spec
             self._emit(ev.JobReceived(job=spec.job, rank=self.rank))
 
@@ -109,14 +119,14 @@ class WorkerLedger:
 
     # -- running a job -----------------------------------------------------------------
 
-    def run(self, job: int) -> JobRun:
+    def run(self, job: int) -> contextlib.AbstractContextManager[JobRun]:
         """Context manager for one dequeued job; see :class:`JobRun`."""
-        return JobRun(self, job)
+        return _run(self, job)
 
-    def _report(self, job: int) -> None:
+    def _report(self, job: int, *, quiet: bool = False) -> None:
         with self._lock:
             self._completed[job] = self._completed.get(job, 0) + 1
-            self._emit(ev.JobReported(job=job, rank=self.rank))
+            self._emit(ev.JobReported(job=job, rank=self.rank), quiet=quiet)
             self._after_report(job)
 
     # -- policy: the decisions the upstream fixes changed --------------------------------
@@ -156,14 +166,43 @@ class WorkerLedger:
         return total
 
 
+@contextlib.contextmanager
+def _run(worker: WorkerLedger, job: int) -> Iterator[JobRun]:
+    """One job from dequeue to report. The ``finally`` below is the one exit
+    every path passes, the liveness check included: upstream leaked a job's
+    pins when an exception hit between dequeue and the ``try`` (the #52372
+    review moved the ``try`` to the top for that reason)."""
+    run = JobRun(worker, job)
+    unwinding = False
+    try:
+        run._start()
+        yield run
+    except _Skip:
+        pass
+    except BaseException:
+        unwinding = True
+        if not run._outcome:
+            with worker._lock:
+                worker._emit(ev.JobSkipped(job=job, rank=worker.rank, reason="error"), quiet=True)
+        raise
+    finally:
+        # A job that is never reported keeps its pins for the rest of the run.
+        worker._report(job, quiet=unwinding)
+        if unwinding:
+            worker.recorder.flush_before_raising()
+
+
 class JobRun:
-    """One job on one rank, from dequeue to report.
+    """One job on one rank, from dequeue to report (made by :meth:`WorkerLedger.run`).
 
     Entering checks liveness: a live job records ``job_started``; a stale one
     records ``job_skipped`` (``stale``) and the body must do nothing (check
     :attr:`live`). Leaving always records ``job_reported``, exactly once,
-    whatever happened inside; an exception is recorded as a skip with reason
-    ``error`` (unless a put outcome was already recorded) and then propagates.
+    whatever happened inside, the liveness check included; an exception is
+    recorded as a skip with reason ``error`` (unless a put outcome was
+    already recorded) and then propagates. A job that was never registered
+    on this rank is skipped with reason ``error`` and flagged
+    ``UNLEDGERED_JOB``, as replay flags it.
 
     ::
 
@@ -182,31 +221,19 @@ class JobRun:
         self.live = False
         self._outcome = False  # a skip or a put result has been recorded
 
-    def __enter__(self) -> JobRun:
+    def _start(self) -> None:
         w = self.worker
         with w._lock:
+            if self.job not in w._specs:
+                self._outcome = True
+                w._emit(ev.JobSkipped(job=self.job, rank=w.rank, reason="error"))
+                return
             self.live = w._live_at_start(self.job)
             if self.live:
                 w._emit(ev.JobStarted(job=self.job, rank=w.rank))
             else:
                 self._outcome = True
                 w._emit(ev.JobSkipped(job=self.job, rank=w.rank, reason="stale"))
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        try:
-            if exc_type is not None and exc_type is not _Skip and not self._outcome:
-                self._record(ev.JobSkipped(job=self.job, rank=self.worker.rank, reason="error"))
-        finally:
-            # The one exit every path passes: a job that is never reported
-            # keeps its pins for the rest of the run.
-            self.worker._report(self.job)
-        return exc_type is _Skip
 
     def _record(self, event: ev.Event) -> None:
         with self.worker._lock:
@@ -256,7 +283,11 @@ class JobRun:
         had some keys (dedup) the first stored key is not a root, which a
         parent taken from store order would claim.
         """
-        spec = self.worker._specs[self.job]
+        spec = self.worker._specs.get(self.job)
+        if spec is None:
+            raise UnknownJobError(
+                self.job, "publish_kv_events", "was never registered on this rank"
+            )
         for key, parent in zip(stored, self.worker._kv_event_parents(spec, stored), strict=True):
             self.kv_block_stored(key, parent)
 
@@ -264,7 +295,10 @@ class JobRun:
 
     @property
     def _req(self) -> str:
-        return self.worker._specs[self.job].req
+        spec = self.worker._specs.get(self.job)
+        if spec is None:
+            raise UnknownJobError(self.job, "JobRun effect", "was never registered on this rank")
+        return spec.req
 
     def save_offset(self, offset: int) -> bool:
         """Advance this rank's resume offset for the request; False if the job is stale."""

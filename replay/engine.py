@@ -9,7 +9,7 @@ import attrs
 
 from journal import RecordError
 from kvstate.ledger import Ledger
-from kvstate.violations import Violation
+from kvstate.violations import Code, Violation
 
 from .sources import Located, Origin, open_stream
 
@@ -25,6 +25,13 @@ class ReplayResult:
     warnings: list[Violation]
     at: int | None = None
     origin: Origin | None = None
+    #: ``--require-idle``: a journal that ends before the engine did is a failure
+    require_idle: bool = False
+
+    @property
+    def unfinished(self) -> bool:
+        """The journal ends without ``engine_idle`` or ``engine_crashed`` (spec section 8)."""
+        return any(w.code is Code.UNFINISHED for w in self.warnings)
 
     @property
     def verdict(self) -> str:
@@ -32,7 +39,9 @@ class ReplayResult:
 
     @property
     def exit_status(self) -> int:
-        return 1 if self.violations else 0
+        if self.violations or (self.require_idle and self.unfinished):
+            return 1
+        return 0
 
     def where(self, seq: int) -> dict[str, Any]:
         """File and own seq of a position, for merged journals (empty otherwise)."""
@@ -52,6 +61,8 @@ class ReplayResult:
             "violations": [self.finding_dict(v) for v in self.violations],
             "warnings": [self.finding_dict(w) for w in self.warnings],
         }
+        if self.at is None:
+            out["unfinished"] = self.unfinished
         if len(self.paths) > 1:
             out["merged"] = list(self.paths)
         if self.at is not None:
@@ -81,10 +92,14 @@ def fold_located(
             (warnings if v.is_warning else violations).append(v)
     if ledger.header is None:
         raise RecordError("journal is empty: no journal_opened record")
+    if at is None:
+        warnings.extend(ledger.end())
     return ledger, events, violations, warnings
 
 
-def replay(paths: Sequence[str], *, at: int | None = None) -> ReplayResult:
+def replay(
+    paths: Sequence[str], *, at: int | None = None, require_idle: bool = False
+) -> ReplayResult:
     """Replay one journal, or several merged, and return the verdict.
 
     Raises :class:`journal.RecordError` / :class:`journal.JournalError` (and
@@ -99,4 +114,4 @@ def replay(paths: Sequence[str], *, at: int | None = None) -> ReplayResult:
         if exc.path is None:
             raise exc.located(path=", ".join(paths)) from None
         raise
-    return ReplayResult(list(paths), ledger, events, violations, warnings, at, origin)
+    return ReplayResult(list(paths), ledger, events, violations, warnings, at, origin, require_idle)

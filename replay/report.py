@@ -151,6 +151,12 @@ def summary_line(result: ReplayResult, groups: int | None = None) -> Text:
         text.append(f" ({by_code})")
     else:
         text.append("clean", style="bold green")
+    if result.unfinished:
+        text.append(
+            " · UNFINISHED: the journal ends before engine_idle, so LEAKED_PIN, "
+            "MISSING_REPORT and HELD_FOREVER were not checked",
+            style="bold yellow",
+        )
     if result.warnings:
         text.append(f" · {len(result.warnings)} warning(s)", style="yellow")
     return text

@@ -145,7 +145,8 @@ def test_writer_failure_is_raised_and_nothing_is_lost(tmp_path: Path) -> None:
     writer = JournalWriter(Journal(tmp_path / "j.db"), lambda r: r, background=True)
     writer.append(recs(1, 1)[0])
     writer.append(recs(1, 1)[0])  # duplicate seq: the batch fails
-    writer.commit()
+    with pytest.raises(JournalError, match="writer failed"):
+        writer.commit()  # a commit waits for its batch, so it reports the failure itself
     with pytest.raises(JournalError, match="writer failed"):
         writer.flush()
     assert [len(b) for b in writer.unwritten] == [2]

@@ -1,0 +1,90 @@
+"""Writing output files without ever destroying one.
+
+Every command that writes a file goes through :func:`atomic_output`: it
+writes a temporary file in the destination's directory and renames it into
+place only when the whole output is written. An existing destination is
+refused unless ``force`` is given, and even then it is replaced only by a
+complete new file, in one rename. A failure leaves the old file byte for
+byte and removes only the temporary file this function created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+
+from .errors import JournalError
+
+#: SQLite's companions of a database file, which a rename must not leave behind
+_COMPANIONS = ("-wal", "-shm", "-journal")
+
+
+class OutputExists(JournalError):
+    """The destination exists and ``force`` was not given."""
+
+
+def refuse_existing(path: str | os.PathLike[str], *, force: bool = False) -> None:
+    """Raise :class:`OutputExists` unless ``path`` is free (or ``force``)."""
+    name = os.fspath(path)
+    if os.path.isdir(name):
+        raise OutputExists(f"{name}: is a directory")
+    if not force and os.path.lexists(name):
+        raise OutputExists(f"{name}: already exists; refusing to overwrite (use --force)")
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str], *, force: bool = False) -> Iterator[str]:
+    """Yield a temporary path beside ``path``; rename it to ``path`` on success.
+
+    The caller writes (and closes) the temporary file inside the block. On
+    an exception, including KeyboardInterrupt, the temporary file is
+    removed and ``path`` is untouched.
+    """
+    name = os.fspath(path)
+    refuse_existing(name, force=force)
+    directory = os.path.dirname(os.path.abspath(name))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(name)}.", suffix=".tmp")
+    os.close(fd)
+    os.unlink(tmp)  # the writer creates it (SQLite wants a new file, not an empty one)
+    committed = False
+    try:
+        yield tmp
+        publish(tmp, name, force=force)
+        committed = True
+    finally:
+        if not committed:
+            discard(tmp)
+
+
+def publish(tmp: str, path: str, *, force: bool = False) -> None:
+    """Rename a finished temporary file to ``path``.
+
+    Without ``force`` the rename must not replace a file that appeared in
+    the meantime: a hard link fails if the name is taken, where a plain
+    rename would silently overwrite it.
+    """
+    for suffix in _COMPANIONS:
+        if os.path.exists(tmp + suffix):
+            raise JournalError(f"{tmp}{suffix} still exists: close the database before publishing")
+    if force:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise OutputExists(f"{path}: appeared while the output was written; not replaced") from None
+    except OSError:
+        # A file system without hard links: check, then rename.
+        refuse_existing(path)
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def discard(tmp: str) -> None:
+    """Remove a temporary output (and its SQLite companions) this module created."""
+    for name in (tmp, *(tmp + s for s in _COMPANIONS)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
