@@ -35,12 +35,16 @@ def refuse_existing(path: str | os.PathLike[str], *, force: bool = False) -> Non
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike[str], *, force: bool = False) -> Iterator[str]:
+def atomic_output(
+    path: str | os.PathLike[str], *, force: bool = False, keep_on_interrupt: bool = False
+) -> Iterator[str]:
     """Yield a temporary path beside ``path``; rename it to ``path`` on success.
 
     The caller writes (and closes) the temporary file inside the block. On
-    an exception, including KeyboardInterrupt, the temporary file is
-    removed and ``path`` is untouched.
+    an exception the temporary file is removed and ``path`` is untouched.
+    With ``keep_on_interrupt`` a KeyboardInterrupt (Ctrl-C, or a signal
+    turned into one) publishes what was written so far instead: a journal
+    cut short by the user is still the user's record of the run.
     """
     name = os.fspath(path)
     refuse_existing(name, force=force)
@@ -53,6 +57,11 @@ def atomic_output(path: str | os.PathLike[str], *, force: bool = False) -> Itera
         yield tmp
         publish(tmp, name, force=force)
         committed = True
+    except KeyboardInterrupt:
+        if keep_on_interrupt and os.path.exists(tmp):
+            publish(tmp, name, force=force)
+            committed = True
+        raise
     finally:
         if not committed:
             discard(tmp)

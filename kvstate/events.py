@@ -501,6 +501,20 @@ class LoadVerified(Event):
     ok: bool = attrs.field(validator=_boolean)
 
 
+@_kind("key_missing", SIDE_AUDIT)
+@attrs.frozen(slots=True)
+class KeyMissing(Event):
+    """Addition: the store had no value to read back under ``key``.
+
+    ``reason`` says why: ``evicted`` (the store no longer has the key) or the
+    error the read returned. This is not a poisoned key: nothing wrong was
+    read, so it is no violation.
+    """
+
+    key: str = attrs.field(validator=_string)
+    reason: str = attrs.field(validator=_string)
+
+
 #: the effect kinds that a stale job must never write (spec section 6)
 EFFECT_KINDS = frozenset(
     {

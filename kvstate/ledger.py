@@ -61,6 +61,8 @@ class Ledger:
         self.last_seq: int | None = None
         self.last_kind: str | None = None
         self.crashes: list[int] = []
+        #: key_missing records: keys the store no longer had when read back
+        self.keys_missing = 0
         #: jobs whose pins are still held, in enqueue order
         self.pinned: dict[int, None] = {}
         #: key -> seqs of the enqueues that wrote it (for POISONED_KEY chains);
@@ -82,6 +84,7 @@ class Ledger:
             ev.EngineIdle: self._on_idle,
             ev.KeyVerified: self._on_key_verified,
             ev.LoadVerified: self._on_load_verified,
+            ev.KeyMissing: self._on_key_missing,
         }
 
     # -- geometry --------------------------------------------------------------------
@@ -657,6 +660,10 @@ class Ledger:
             )
         )
 
+    def _on_key_missing(self, seq: int, event: ev.KeyMissing, out: Out) -> None:
+        """Evicted or unreadable: counted, never a violation (nothing wrong was read)."""
+        self.keys_missing += 1
+
     def _on_load_verified(self, seq: int, event: ev.LoadVerified, out: Out) -> None:
         if self._incarnation(seq, event.kind, event.req, event.gen, out) is None:
             return
@@ -697,6 +704,7 @@ class Ledger:
         new.step, new.records = self.step, self.records
         new.last_seq, new.last_kind = self.last_seq, self.last_kind
         new.crashes = list(self.crashes)
+        new.keys_missing = self.keys_missing
         new.pinned = dict(self.pinned)
         new.key_writers = dict(self.key_writers)
         new._reported_once = set(self._reported_once)

@@ -8,16 +8,25 @@ prints a traceback for bad input.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from journal import Journal, JournalError, RecordError, write_jsonl
+from journal import (
+    Journal,
+    JournalError,
+    RecordError,
+    atomic_output,
+    refuse_existing,
+    write_jsonl,
+)
 from kvstate.codec import to_record
 from kvstate.recorder import journal_views
 from kvstate.sim.runtime import SimConfig
@@ -32,6 +41,7 @@ from .report import (
     report_console,
     summary_line,
 )
+from .safe import literal, printable
 from .sources import collect, entries, read_path
 
 EXIT_CLEAN = 0
@@ -54,22 +64,62 @@ def _unusable(exc: Exception, *, as_json: bool) -> int:
             out.update(
                 {k: v for k, v in (("file", exc.path), ("line", exc.line), ("seq", exc.seq)) if v}
             )
-        print(json.dumps(out))
+        print(_json(out))
     return EXIT_UNUSABLE
+
+
+def _json(obj: object) -> str:
+    """Standard JSON for stdout: no NaN, and ASCII only, so no control character
+    from a journal string can reach a terminal raw."""
+    return json.dumps(obj, ensure_ascii=True, allow_nan=False)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, turned into an exception so cleanup runs as for Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _terminations_interrupt() -> Iterator[None]:
+    """While a long command runs, SIGTERM and SIGHUP unwind it like Ctrl-C: the
+    journal is flushed, temporary files are published or removed, and the
+    Mooncake master is stopped."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    saved = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        saved[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _interrupted_status(exc: KeyboardInterrupt) -> int:
+    return 128 + (exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
 
 
 def cmd_minimize(args: argparse.Namespace) -> int:
     try:
+        refuse_existing(args.minimize, force=args.force)
         loaded = list(entries(args.paths))
-        if os.path.exists(args.minimize):
-            raise JournalError(f"{args.minimize}: already exists; refusing to overwrite")
     except (JournalError, OSError) as exc:
         return _unusable(exc, as_json=args.json)
     found = minimize(loaded)
     if found is None:
         print("journal is clean: nothing to minimize")
         return EXIT_CLEAN
-    write_jsonl((to_record(e) for e in found.entries), args.minimize)
+    try:
+        with atomic_output(args.minimize, force=args.force) as tmp:
+            write_jsonl((to_record(e) for e in found.entries), tmp)
+    except (JournalError, OSError) as exc:
+        return _unusable(exc, as_json=args.json)
     target = found.target
     summary = {
         "code": target.code.value,
@@ -81,7 +131,7 @@ def cmd_minimize(args: argparse.Namespace) -> int:
         "out": args.minimize,
     }
     if args.json:
-        print(json.dumps(summary))
+        print(_json(summary))
     else:
         print(
             f"{target.code.value} at seq {target.seq}: {found.original} records -> "
@@ -96,12 +146,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.minimize:
         return cmd_minimize(args)
     try:
-        result = replay(args.paths, at=args.at)
+        result = replay(args.paths, at=args.at, require_idle=args.require_idle)
     except (JournalError, OSError) as exc:
         return _unusable(exc, as_json=args.json)
     if args.json:
-        json.dump(result.to_dict(), sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
+        print(_json(result.to_dict()))
     else:
         try:
             records = collect(args.paths, needed_records(result))
@@ -115,25 +164,22 @@ def cmd_convert(args: argparse.Namespace) -> int:
     """JSON Lines <-> journal database, record for record."""
     src, dst = args.source, args.destination
     try:
-        if os.path.exists(dst):
-            raise JournalError(f"{dst}: already exists; refusing to overwrite")
-        source = (item.entry for item in read_path(src))
-        if dst.endswith((".jsonl", ".ndjson", ".json")):
-            n = write_jsonl((to_record(e) for e in source), dst)
-        else:
-            with Journal(dst) as journal:
-                journal.create_views(journal_views())
-                batch = []
-                n = 0
-                for entry in source:
-                    batch.append(to_record(entry))
-                    if len(batch) == 4096:
-                        n += journal.append(batch)
-                        batch = []
-                n += journal.append(batch)
+        with atomic_output(dst, force=args.force) as tmp:
+            source = (item.entry for item in read_path(src))
+            if dst.endswith((".jsonl", ".ndjson", ".json")):
+                n = write_jsonl((to_record(e) for e in source), tmp)
+            else:
+                with Journal(tmp) as journal:
+                    journal.create_views(journal_views())
+                    batch = []
+                    n = 0
+                    for entry in source:
+                        batch.append(to_record(entry))
+                        if len(batch) == 4096:
+                            n += journal.append(batch)
+                            batch = []
+                    n += journal.append(batch)
     except (JournalError, OSError) as exc:
-        if os.path.exists(dst) and not args.keep_partial:
-            os.unlink(dst)
         return _unusable(exc, as_json=False)
     print(f"wrote {n} records to {dst}")
     return EXIT_CLEAN
@@ -148,6 +194,16 @@ def cmd_zoo(args: argparse.Namespace) -> int:
     if unknown:
         print(f"kvstate: error: unknown case(s) {', '.join(unknown)}", file=sys.stderr)
         return EXIT_UNUSABLE
+    paths = [
+        os.path.join(args.out, f"{name}.{policy}.jsonl")
+        for name in names
+        for policy in ("legacy", "kvstate")
+    ]
+    try:
+        for path in paths:
+            refuse_existing(path, force=args.force)
+    except JournalError as exc:
+        return _unusable(exc, as_json=False)
     os.makedirs(args.out, exist_ok=True)
     table = Table(box=box.SIMPLE_HEAD)
     for column in ("case", "upstream", "legacy policy", "kvstate policy"):
@@ -159,7 +215,8 @@ def cmd_zoo(args: argparse.Namespace) -> int:
         for policy in ("legacy", "kvstate"):
             path = os.path.join(args.out, f"{name}.{policy}.jsonl")
             entries = run_case(case, policy).entries or []
-            write_jsonl((to_record(e) for e in entries), path)
+            with atomic_output(path, force=args.force) as tmp:
+                write_jsonl((to_record(e) for e in entries), tmp)
             result = replay([path])
             first = result.violations[0] if result.violations else None
             verdicts.append(f"{first.code.value} at seq {first.seq}" if first else "clean")
@@ -190,34 +247,30 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     except (JournalError, OSError) as exc:
         return _unusable(exc, as_json=args.json)
     if args.json:
-        json.dump(line.to_dict(), sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
+        print(_json(line.to_dict()))
     else:
         console = report_console()
         title = f"Timeline of {line.title}: {len(line.entries)} records"
         console.print(lanes_table(line.entries, line.violations, title, not console.is_terminal))
         for seq, found in sorted(line.violations.items()):
             for v in found:
-                console.print(Text(f"seq {seq} {v.code.value}: {v.message}"))
+                console.print(literal(f"seq {seq} {v.code.value}: {v.message}"))
     if not line.entries:
-        print(f"kvstate: no record names {line.title}", file=sys.stderr)
+        print(f"kvstate: no record names {printable(line.title)}", file=sys.stderr)
     return EXIT_VIOLATIONS if line.violations else EXIT_CLEAN
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     try:
-        if os.path.exists(args.out):
-            raise JournalError(f"{args.out}: already exists; refusing to overwrite")
-        if args.format == "perfetto":
-            trace = export.perfetto(args.paths)
-            with open(args.out, "w", encoding="utf-8") as f:
-                json.dump(trace, f, ensure_ascii=False)
-            n = len(trace["traceEvents"])
-        else:
-            n = write_jsonl((to_record(e) for e in entries(args.paths)), args.out)
+        with atomic_output(args.out, force=args.force) as tmp:
+            if args.format == "perfetto":
+                trace = export.perfetto(args.paths)
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump(trace, f, ensure_ascii=False, allow_nan=False)
+                n = len(trace["traceEvents"])
+            else:
+                n = write_jsonl((to_record(e) for e in entries(args.paths)), tmp)
     except (JournalError, OSError) as exc:
-        if os.path.exists(args.out):
-            os.unlink(args.out)
         return _unusable(exc, as_json=False)
     unit = "trace events" if args.format == "perfetto" else "records"
     hint = "; open it at ui.perfetto.dev" if args.format == "perfetto" else ""
@@ -226,10 +279,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run the engine simulator, journal it, audit the store, print a summary."""
+    """Run the engine simulator, journal it, audit the store, print a summary.
+
+    The journal is written to a temporary file and renamed into place when
+    the run ends, also when it is interrupted (SIGINT, SIGTERM, SIGHUP): the
+    records so far are kept, and replay calls them UNFINISHED.
+    """
     from rich.progress import BarColumn, Progress, TextColumn
 
     from kvstate.legacy import BUGS
+    from kvstate.sim.faults import Faults
     from kvstate.sim.runtime import Simulation
 
     bugs = tuple(sorted(BUGS)) if args.legacy_bugs == "all" else None
@@ -255,29 +314,66 @@ def cmd_run(args: argparse.Namespace) -> int:
             seed=args.seed,
             policy=args.policy,
             mode=args.mode,
+            max_steps=args.max_steps,
+            stall_steps=args.stall_steps,
+            faults=Faults.parse(args.faults),
             **({"legacy_bugs": bugs} if bugs is not None else {}),
         )
-        if os.path.exists(args.journal):
-            raise JournalError(f"{args.journal}: already exists; refusing to overwrite")
-        sim = Simulation(config, journal=args.journal)
+        refuse_existing(args.journal, force=args.force)
     except (ValueError, JournalError, OSError) as exc:
         return _unusable(exc, as_json=False)
     console = report_console()
-    with Progress(
-        TextColumn(f"[bold]{config.policy}[/] {config.mode}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} requests · step {task.fields[step]}"),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    ) as bar:
-        task = bar.add_task("run", total=config.requests, step=0)
-        summary = sim.run(lambda s: bar.update(task, completed=s.finished, step=s.steps))
-    sim.close()
+    try:
+        with (
+            _terminations_interrupt(),
+            atomic_output(args.journal, force=args.force, keep_on_interrupt=True) as tmp,
+        ):
+            sim = Simulation(config, journal=tmp)
+            try:
+                with Progress(
+                    TextColumn(f"[bold]{config.policy}[/] {config.mode}"),
+                    BarColumn(),
+                    TextColumn("{task.completed}/{task.total} requests · step {task.fields[step]}"),
+                    console=console,
+                    transient=True,
+                    disable=not console.is_terminal,
+                ) as bar:
+                    task = bar.add_task("run", total=config.requests, step=0)
+                    summary = sim.run(
+                        lambda s: bar.update(task, completed=s.finished, step=s.steps)
+                    )
+            finally:
+                sim.close()
+    except KeyboardInterrupt as exc:
+        print(
+            f"kvstate: interrupted; the records so far are in {args.journal} "
+            "(replay reports it UNFINISHED)",
+            file=sys.stderr,
+        )
+        return _interrupted_status(exc)
+    except (JournalError, OSError) as exc:
+        return _unusable(exc, as_json=False)
     console.print(summary_table([summary]))
     verdict = replay([args.journal])
     console.print(summary_line(verdict))
-    console.print(Text(f"journal: {args.journal}; explain it with: kvstate replay {args.journal}"))
+    console.print(
+        literal(f"journal: {args.journal}; explain it with: kvstate replay {args.journal}")
+    )
+    if summary.error is not None:
+        print(f"kvstate: error: the run crashed: {printable(summary.error)}", file=sys.stderr)
+        return EXIT_VIOLATIONS
+    if summary.stopped is not None:
+        why = {
+            "max-steps": f"it reached --max-steps {config.max_steps}",
+            "stalled": f"it made no progress for {config.stall_steps} steps",
+        }.get(summary.stopped, summary.stopped)
+        print(
+            f"kvstate: error: the run stopped before the engine was idle: {why}; "
+            f"{summary.finished} of {summary.requests} requests finished, and the journal "
+            "records no engine_idle",
+            file=sys.stderr,
+        )
+        return EXIT_UNUSABLE
     return verdict.exit_status
 
 
@@ -317,12 +413,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
             Text(f"notice: Mooncake cannot run here ({problem}); using the in-memory store.",
                  style="yellow")
         )  # fmt: skip
-    os.makedirs(args.out, exist_ok=True)
     paths = {policy: journal_path(args.out, policy) for policy in ("legacy", "kvstate")}
-    existing = [p for p in paths.values() if os.path.exists(p)]
-    if existing:
-        print(f"kvstate: error: {existing[0]}: already exists; use another --out", file=sys.stderr)
-        return EXIT_UNUSABLE
+    try:
+        for path in paths.values():
+            refuse_existing(path, force=args.force)
+        os.makedirs(args.out, exist_ok=True)
+    except (JournalError, OSError) as exc:
+        return _unusable(exc, as_json=False)
     console.print(
         Text(
             f"kvstate demo: {args.requests} requests, {args.world_size} ranks, seed {args.seed}, "
@@ -331,31 +428,61 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     )
     runs = []
-    for policy in ("legacy", "kvstate"):
-        config = SimConfig(
-            requests=args.requests,
-            world_size=args.world_size,
-            block_bytes=args.block_bytes,
-            seed=args.seed,
-            policy=policy,
+    try:
+        with _terminations_interrupt():
+            for policy in ("legacy", "kvstate"):
+                config = SimConfig(
+                    requests=args.requests,
+                    world_size=args.world_size,
+                    block_bytes=args.block_bytes,
+                    seed=args.seed,
+                    policy=policy,
+                )
+                with (
+                    Progress(
+                        TextColumn(f"{policy:>8} policy"),
+                        BarColumn(),
+                        TextColumn(
+                            "{task.completed}/{task.total} requests · step {task.fields[step]}"
+                        ),
+                        console=console,
+                        disable=not console.is_terminal,
+                    ) as bar,
+                    atomic_output(paths[policy], force=args.force, keep_on_interrupt=True) as tmp,
+                ):
+                    task = bar.add_task(policy, total=config.requests, step=0)
+                    run = run_policy(
+                        config,
+                        tmp,
+                        use_mooncake=use_mooncake,
+                        master=master,
+                        progress=lambda s, t=task: bar.update(
+                            t, completed=s.finished, step=s.steps
+                        ),
+                    )
+                run.summary.journal = paths[policy]
+                runs.append(run)
+                if run.summary.error is not None:
+                    break  # the store or the engine failed: no second run on a broken setup
+    except KeyboardInterrupt as exc:
+        print(
+            f"kvstate: interrupted; the records so far are in {args.out}/ "
+            "(replay reports them UNFINISHED); the Mooncake master was stopped",
+            file=sys.stderr,
         )
-        with Progress(
-            TextColumn(f"{policy:>8} policy"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} requests · step {task.fields[step]}"),
-            console=console,
-            disable=not console.is_terminal,
-        ) as bar:
-            task = bar.add_task(policy, total=config.requests, step=0)
-            run = run_policy(
-                config,
-                paths[policy],
-                use_mooncake=use_mooncake,
-                master=master,
-                progress=lambda s, t=task: bar.update(t, completed=s.finished, step=s.steps),
-            )
-        runs.append(run)
+        return _interrupted_status(exc)
+    except Exception as exc:  # a master that would not start, a client setup that failed
+        print(f"kvstate: error: {printable(exc)}", file=sys.stderr)
+        return EXIT_UNUSABLE
     console.print(summary_table([r.summary for r in runs]))
+    failed = [r.summary for r in runs if r.summary.error is not None]
+    if failed:
+        print(
+            f"kvstate: error: the {failed[0].policy} run crashed: {printable(failed[0].error)}; "
+            f"its journal {failed[0].journal} ends with engine_crashed",
+            file=sys.stderr,
+        )
+        return EXIT_VIOLATIONS
     if use_mooncake:
         console.print(Text(f"Mooncake's own log: {os.path.join(args.out, 'mooncake.log')}"))
     legacy, fixed = runs[0].summary, runs[1].summary
@@ -380,6 +507,7 @@ def summary_table(summaries: list) -> Table:  # type: ignore[type-arg]
         table.add_column(f"{s.policy} policy", justify="right")
     rows = [
         ("requests finished", lambda s: f"{s.finished}/{s.requests}"),
+        ("refused (never fit the pool)", lambda s: s.rejected),
         ("engine steps", lambda s: s.steps),
         ("store jobs", lambda s: s.store_jobs),
         ("preemptions", lambda s: s.preemptions),
@@ -388,6 +516,7 @@ def summary_table(summaries: list) -> Table:  # type: ignore[type-arg]
         ("loads from the store", lambda s: s.loads),
         ("requests that read wrong KV", lambda s: s.wrong_kv_requests),
         ("poisoned keys", lambda s: f"{s.poisoned_keys} of {s.keys_stored}"),
+        ("keys gone from the store", lambda s: s.keys_missing),
         ("crashes", lambda s: s.crashes),
         ("leaked pins", lambda s: s.leaked_pins),
     ]
@@ -410,8 +539,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         from .inspector import Inspector, once
 
         if args.once:
-            report_console().print(once(path))
-            return EXIT_CLEAN
+            text, status = once(path)
+            report_console().print(text)
+            return status
         app = Inspector(path, follow=args.follow)
     except ImportError as exc:
         print(f"kvstate: error: the inspector needs the 'tui' extra ({exc})", file=sys.stderr)
@@ -446,6 +576,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OUT.jsonl",
         help="write the smallest journal whose first violation has the same code",
     )
+    p.add_argument(
+        "--require-idle",
+        action="store_true",
+        help="exit 1 when the journal ends before engine_idle or engine_crashed (UNFINISHED)",
+    )
+    p.add_argument("--force", action="store_true", help="let --minimize replace its output")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser(
@@ -483,6 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--format", choices=("perfetto", "jsonl"), required=True)
     p.add_argument("out", metavar="OUT", help="output file (refuses to overwrite)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser(
@@ -493,7 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("source")
     p.add_argument("destination")
-    p.add_argument("--keep-partial", action="store_true", help="keep DESTINATION on error")
+    p.add_argument("--force", action="store_true", help="replace DESTINATION if it exists")
     p.set_defaults(func=cmd_convert)
 
     sim = SimConfig()  # the run command's defaults are the simulator's
@@ -506,6 +643,25 @@ def build_parser() -> argparse.ArgumentParser:
         "verdict of the journal it wrote (0 clean, 1 violations).",
     )
     p.add_argument("--journal", default="run.db", help="journal database to write (run.db)")
+    p.add_argument("--force", action="store_true", help="replace the journal if it exists")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        help="stop after this many engine steps; the journal then has no engine_idle and "
+        "the command exits 2 (default: run until idle)",
+    )
+    p.add_argument(
+        "--stall-steps",
+        type=int,
+        default=sim.stall_steps,
+        help="stop (exit 2) after this many steps in a row without progress",
+    )
+    p.add_argument(
+        "--faults",
+        metavar="SPEC",
+        help="inject faults: put-fail=R, no-space=R, evict=R, store-down@STEP, "
+        "thread-crash@STEP (comma separated)",
+    )
     p.add_argument("--policy", choices=("kvstate", "legacy"), default="kvstate")
     p.add_argument(
         "--legacy-bugs",
@@ -566,6 +722,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--master-url", help="use this master's metadata URL instead of starting one")
     p.add_argument("--master-rpc", help="and its RPC address, HOST:PORT")
+    p.add_argument("--force", action="store_true", help="replace journals already in --out")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(
@@ -577,6 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("cases", nargs="*", metavar="CASE", help="case names (default: all)")
     p.add_argument("--out", default="zoo", help="folder for the journals (default: ./zoo)")
+    p.add_argument("--force", action="store_true", help="replace journals already in --out")
     p.set_defaults(func=cmd_zoo)
     return parser
 
@@ -585,8 +743,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:
+        return _interrupted_status(exc)
     except BrokenPipeError:
         # `kvstate replay ... | head`: the reader left; that is not an error.
         sys.stderr.close()

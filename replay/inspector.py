@@ -27,6 +27,7 @@ from kvstate.violations import CODE_ORDER, Violation
 
 from .explain import describe, explain, lane
 from .report import lanes_table
+from .safe import literal, printable
 from .timeline import selector
 from .timetravel import TimeTravel
 
@@ -38,7 +39,7 @@ RECENT_ROWS = 400
 
 
 def _t(value: object, style: str = "") -> Text:
-    return Text("" if value is None else str(value), style=style)
+    return literal(value, style)
 
 
 class Filter:
@@ -68,19 +69,24 @@ def overview(tt: TimeTravel) -> RenderableType:
     """Journal, records, verdict, counts by kind, violations by code."""
     head = Text()
     head.append("journal ", style="bold")
-    head.append(tt.path)
+    head.append(printable(tt.path))
     head.append(f"\nrecords {tt.last_seq}")
     if not tt.indexed:
         head.append(f" · indexing: {tt.indexed_seq} of {tt.last_seq}", style="yellow")
     verdict = Text("\nverdict ", style="bold")
     if tt.error is not None:
-        verdict.append(f"unusable input: {tt.error}", style="bold red")
+        verdict.append(f"unusable input: {printable(tt.error)}", style="bold red")
     elif not tt.indexed:
         verdict.append("(still reading)", style="yellow")
     elif tt.violations:
         verdict.append(f"{len(tt.violations)} violation(s)", style="bold red")
     else:
         verdict.append("clean", style="bold green")
+    if tt.indexed and tt.error is None and tt.unfinished:
+        verdict.append(
+            " · UNFINISHED: the journal ends before engine_idle; end-of-run checks did not run",
+            style="bold yellow",
+        )
     kinds = Table(title="records by kind", box=box.SIMPLE_HEAD, title_justify="left")
     kinds.add_column("kind")
     kinds.add_column("count", justify="right")
@@ -98,10 +104,10 @@ def overview(tt: TimeTravel) -> RenderableType:
     return RichGroup(head, verdict, Text(""), kinds, codes)
 
 
-def _lanes(job: Any) -> list[Text]:
+def _lanes(job: Any, ranks: list[int]) -> list[Text]:
     """One short text per rank: how far the job got there."""
     cells = []
-    for rank in range(job.world_size):
+    for rank in ranks:
         rj = job.ranks.get(rank)
         if rj is None:
             cells.append(_t("-", "dim"))
@@ -402,13 +408,13 @@ class Inspector(App[None]):
         text.append(f"seq {self.cursor} of {self.tt.last_seq}", style="bold")
         if entry is not None:
             text.append(f" · step {entry.step} · {lane(entry.event)}: ")
-            text.append(describe(entry.event))
+            text.append(printable(describe(entry.event)))
         here = [v for v in self.tt.violations_upto(self.cursor) if v.seq == self.cursor]
         if here:
             text.append("  <- " + ", ".join(v.code.value for v in here), style="bold red")
         text.append("\n")
         if self.filter:
-            text.append(f"filter: {self.filter}  ", style="yellow")
+            text.append(f"filter: {printable(self.filter)}  ", style="yellow")
         if self.follow:
             text.append("following  ", style="green")
         if not self.tt.indexed:
@@ -439,7 +445,7 @@ class Inspector(App[None]):
 
     def _render_requests(self) -> None:
         ledger = self._folded()
-        ranks = list(range(ledger.world_size if ledger.header else 0))
+        ranks = sorted(ledger.ranks)  # the ranks that wrote records, not the declared world
         table = self._table(
             "requests-table", "req", "gen", "state", "table", "held",
             *(f"rank {r}: live jobs / saved" for r in ranks),
@@ -462,10 +468,11 @@ class Inspector(App[None]):
 
     def _render_jobs(self) -> None:
         ledger = self._folded()
-        world = ledger.world_size if ledger.header else 1
+        # One lane per rank that wrote records (a header may declare many more).
+        ranks = sorted(ledger.ranks) or [0]
         table = self._table(
             "jobs-table", "job", "req/gen", "tokens", "pins", "completions", "released",
-            *(f"rank {r}" for r in range(world)),
+            *(f"rank {r}" for r in ranks),
         )  # fmt: skip
         jobs = [(j, job) for j, job in ledger.jobs.items() if self._job_matches(j, job)]
         # Pinned (in flight) jobs first, then the most recent ones.
@@ -478,7 +485,7 @@ class Inspector(App[None]):
                 _t(list(job.pins)),
                 _t(f"{job.completions}/{job.world_size}"),
                 _t("yes" if job.released_seq is not None else "no"),
-                *_lanes(job),
+                *_lanes(job, ranks),
             ]
             self._row(table, cells, ("job", job_id))
 
@@ -557,7 +564,7 @@ class Inspector(App[None]):
             if entry is not None:
                 records[seq] = entry
         head = Text(f"{v.code.value} at seq {v.seq}\n", style="bold red")
-        head.append(explain(v, records), style="")
+        head.append(printable(explain(v, records)), style="")
         chain = sorted({s for s in (*v.chain, v.seq) if s in records})
         lanes = lanes_table([records[s] for s in chain], {v.seq: [v]}, "chain", plain=False)
         story.update(RichGroup(head, lanes))
@@ -595,13 +602,19 @@ class Inspector(App[None]):
         self.call_after_refresh(table.move_cursor, row=row)
 
 
-def once(path: str) -> RenderableType:
-    """``--once``: the overview and the violations, for CI logs and pipes."""
+def once(path: str) -> tuple[RenderableType, int]:
+    """``--once``: the overview and the violations, for CI logs and pipes.
+
+    Returns the text and replay's exit status for the same bytes: 0 clean,
+    1 violations. Unusable input raises, like replay (exit 2).
+    """
     tt = TimeTravel(path)
     try:
         tt.index()
     finally:
         tt.stop()
+    if tt.error is not None:
+        raise tt.error
     parts: list[RenderableType] = [overview(tt)]
     if tt.violations:
         table = Table(title="violations", box=box.SIMPLE_HEAD, title_justify="left")
@@ -610,4 +623,4 @@ def once(path: str) -> RenderableType:
         for v in tt.violations:
             table.add_row(_t(v.seq), _t(v.code.value, "red"), _t(v.message))
         parts.append(table)
-    return RichGroup(*parts)
+    return RichGroup(*parts), 1 if tt.violations else 0

@@ -23,12 +23,13 @@ from kvstate.violations import CODE_ORDER, Violation
 
 from .engine import ReplayResult
 from .explain import Group, describe, explain, group, lane
+from .safe import literal, printable
 
 _ENTITY_COLUMNS = ("job", "req", "gen", "rank", "block", "key")
 
 
 def _cell(value: object) -> Text:
-    return Text("" if value is None else str(value))
+    return literal(value)
 
 
 def _box(plain: bool) -> box.Box:
@@ -39,7 +40,7 @@ def _entities(v: Violation) -> Text:
     parts = [
         f"{name} {getattr(v, name)}" for name in _ENTITY_COLUMNS if getattr(v, name) is not None
     ]
-    return Text(", ".join(parts))
+    return literal(", ".join(parts))
 
 
 def _findings_table(
@@ -56,12 +57,14 @@ def _findings_table(
     for v in findings:
         cells: list[RenderableType] = [_cell(v.seq), Text(v.code.value, style="red")]
         cells += [_cell(getattr(v, name)) for name in _ENTITY_COLUMNS if name in shown]
-        message = Text(v.message)
+        message = literal(v.message)
         if v.chain:
             message.append("\nchain: " + " → ".join(map(str, v.chain)), style="dim")
         where = result.where(v.seq)
         if where:
-            message.append(f"\nfrom {where['file']} seq {where['file_seq']}", style="dim")
+            message.append(
+                f"\nfrom {printable(where['file'])} seq {where['file_seq']}", style="dim"
+            )
         cells.append(message)
         table.add_row(*cells)
     return table
@@ -80,7 +83,7 @@ def _groups_table(groups: list[Group], plain: bool) -> Table:
     table.add_column("message (first)", overflow="fold")
     for g in groups:
         first = g.first
-        message = Text(first.message)
+        message = literal(first.message)
         if first.chain:
             message.append("\nchain: " + " → ".join(map(str, first.chain)), style="dim")
         table.add_row(
@@ -113,7 +116,7 @@ def lanes_table(
             if lane(entry.event) != name:
                 cells.append(Text(""))
                 continue
-            text = Text(describe(entry.event))
+            text = literal(describe(entry.event))
             if here:
                 text.stylize("bold red")
                 text.append("  <- " + ", ".join(v.code.value for v in here), style="bold red")
@@ -229,7 +232,7 @@ def render(
     records = records or {}
     parts: list[RenderableType] = []
     header = Text("kvstate replay: ", style="bold")
-    header.append(", ".join(result.paths))
+    header.append(printable(", ".join(result.paths)))
     parts.append(header)
     if result.at is not None:
         parts.append(Text(f"ledger after seq {result.at}", style="bold"))
@@ -240,7 +243,7 @@ def render(
         first = result.violations[0]
         title = Text(f"\nFirst violation: {first.code.value} at seq {first.seq}", style="bold red")
         parts.append(title)
-        parts.append(Padding(Text(explain(first, records)), (0, 0, 0, 2)))
+        parts.append(Padding(literal(explain(first, records)), (0, 0, 0, 2)))
         if records:
             parts.append(chain_timeline(first, records, plain))
         if show_all:

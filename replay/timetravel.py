@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from journal import Journal, RecordError, is_journal_file, parse_line
+from journal.database import BEFORE_FIRST
 from kvstate.codec import Entry, from_record
 from kvstate.ledger import Ledger
 from kvstate.violations import Violation
@@ -41,11 +42,7 @@ class _DatabaseRecords:
         chunk_size = 4096
         while after < upto:
             with self._lock:
-                chunk = list(
-                    self._journal.records(
-                        after=after, upto=min(upto, after + chunk_size), verify=False
-                    )
-                )
+                chunk = list(self._journal.records(after=after, upto=min(upto, after + chunk_size)))
             for record in chunk:
                 yield from_record(record, path=self.path)
             after = min(upto, after + chunk_size)
@@ -75,7 +72,12 @@ class _LineRecords:
                     break  # a line still being written
                 self._offset += len(raw)
                 self._line += 1
-                text = raw.decode("utf-8", errors="replace")
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise RecordError(
+                        f"not UTF-8: {exc.reason}", path=self.path, line=self._line
+                    ) from exc
                 if not text.strip():
                     continue
                 entry = from_record(
@@ -111,13 +113,13 @@ class TimeTravel:
         self.kinds: Counter[str] = Counter()
         self.violations: list[Violation] = []
         self.warnings: list[Violation] = []
-        self.indexed_seq = 0
+        self.indexed_seq = BEFORE_FIRST
         self.error: Exception | None = None
         # Snapshots cost time and memory in proportion to the ledger: take about
         # ``max_snapshots / 2`` over the journal, and never more than ``max_snapshots``.
         self._every = max(snapshot_every, self.last_seq // max(1, max_snapshots // 2))
         self._max_snapshots = max_snapshots
-        self._snapshots: list[tuple[int, Ledger]] = [(0, Ledger())]
+        self._snapshots: list[tuple[int, Ledger]] = [(BEFORE_FIRST, Ledger())]
         self._index_ledger = Ledger()
         self._cursor: tuple[int, Ledger] | None = None
         self._lock = threading.Lock()
@@ -185,6 +187,11 @@ class TimeTravel:
     def indexed(self) -> bool:
         return self.indexed_seq >= self.last_seq
 
+    @property
+    def unfinished(self) -> bool:
+        """Indexed to the end, and the journal ends before engine_idle (spec section 8)."""
+        return self.indexed and bool(self._index_ledger.end())
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -195,7 +202,7 @@ class TimeTravel:
 
     def ledger_at(self, seq: int) -> Ledger:
         """The ledger as it stood after record ``seq`` (replay --at SEQ)."""
-        seq = max(0, min(seq, self.last_seq))
+        seq = max(BEFORE_FIRST, min(seq, self.last_seq))
         cursor = self._cursor
         if cursor is not None and cursor[0] <= seq:
             base_seq, ledger = cursor  # forward from where we are: no copy

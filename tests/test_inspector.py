@@ -240,7 +240,8 @@ def test_follow_mode_tails_a_journal_being_written(tmp_path: Path) -> None:
 
 
 def test_once_prints_overview_and_violations(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["inspect", "--once", zoo(tmp_path)]) == 0
+    # --once exits with replay's status: 1, the journal has violations
+    assert main(["inspect", "--once", zoo(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "verdict 4 violation(s)" in out and "records by kind" in out
     assert "POISONED_READ" in out and "job 0 of r1/0 read block 2" in out

@@ -32,6 +32,7 @@ from . import store as st
 from .content import full_block_kv, short
 from .device import BlockMemory
 from .engine import Request, SchedulerOutput
+from .faults import InjectedCrash
 from .pool import BlockPool
 
 
@@ -98,6 +99,7 @@ class StoreConnectorScheduler:
         self._trackers: dict[str, _Tracker] = {}
         self._finished: list[tuple[str, int]] = []
         self._loads: list[tuple[str, list[tuple[str, bool]]]] = []
+        self._missing: list[tuple[str, str]] = []
         self.jobs = 0
         self.load_checks: list[tuple[str, int, str, bool]] = []
 
@@ -126,21 +128,38 @@ class StoreConnectorScheduler:
 
     def load(
         self, request: Request, blocks: list[int], start: int, tokens: int, memory: BlockMemory
-    ) -> None:
-        """Copy stored KV into freshly allocated blocks and check it against its key."""
+    ) -> int:
+        """Copy stored KV into freshly allocated blocks and check it against its key.
+
+        Returns the tokens really loaded: the blocks before the first one that
+        some rank could not read (evicted since the lookup, or a failed get).
+        The engine computes the rest again; a missing key is journaled as
+        ``key_missing``, never as a wrong load.
+        """
         bs = self.block_size
         hashes = request.full_hashes(bs)[start // bs : (start + tokens) // bs]
-        checks = []
+        usable = len(hashes)
+        fetched = []
         for rank in range(self.world_size):
             keys = [rank_key(self.model, rank, h) for h in hashes]
             buffers = [bytearray(memory.block_bytes) for _ in keys]
-            self.store.batch_get_into(keys, [memoryview(b) for b in buffers])
-            for block, block_hash, buffer in zip(blocks, hashes, buffers, strict=True):
+            codes = self.store.batch_get_into(keys, [memoryview(b) for b in buffers])
+            for i, (key, code) in enumerate(zip(keys, codes, strict=True)):
+                if code < 0:
+                    usable = min(usable, i)
+                    self._missing.append((key, st.describe_missing(code)))
+            fetched.append(buffers)
+        checks = []
+        for rank, buffers in enumerate(fetched):
+            for block, block_hash, buffer in zip(
+                blocks[:usable], hashes[:usable], buffers, strict=False
+            ):
                 memory.write(rank, block, bytes(buffer))
                 expected = full_block_kv(block_hash, rank, memory.block_bytes)
                 checks.append((rank_key(self.model, rank, block_hash), bytes(buffer) == expected))
         # Recorded once the step's admission is journaled (load_verified names the incarnation).
         self._loads.append((request.req_id, checks))
+        return usable * bs
 
     # -- the step's metadata -------------------------------------------------------------
 
@@ -152,6 +171,10 @@ class StoreConnectorScheduler:
         would look like sharing.
         """
         ledger = self.ledger
+        for request in out.rejected:
+            # Refused at admission (it can never fit the pool): an aborted finish.
+            ledger.admit(request.req_id, len(request.prompt))
+            ledger.request_finished(request.req_id, aborted=True)
         ended = []
         for req, gen in out.preempted:
             ledger.preempt(req)
@@ -183,6 +206,9 @@ class StoreConnectorScheduler:
         self._trackers[request.req_id] = _Tracker(request.gen)
 
     def _journal_loads(self) -> None:
+        for key, reason in self._missing:
+            self.ledger.recorder.record(ev.KeyMissing(key=key, reason=reason), self.ledger.step)
+        self._missing = []
         for req, checks in self._loads:
             gen = self.ledger.current_gen(req)
             for key, ok in checks:
@@ -269,8 +295,11 @@ class StoreConnectorWorker:
         model: str,
         block_size: int,
         latency: Callable[[], float],
+        crash_at: int | None = None,
     ) -> None:
         self.rank = rank
+        #: the ``thread-crash`` fault: the first job at this step or later raises
+        self.crash_at = crash_at
         self.ledger = ledger
         self.store = store
         self.memory = memory
@@ -318,6 +347,9 @@ class StoreConnectorWorker:
         with ledger.run(job.job) as run:
             if not run.live:
                 return
+            if self.crash_at is not None and ledger.step >= self.crash_at:
+                self.crash_at = None
+                raise InjectedCrash(f"injected crash in rank {self.rank}'s sending thread")
             # Resume from this rank's own saved offset: it may lag the
             # scheduler's view, which is why the job pins the whole table.
             state = ledger.state.requests.get(job.req)
@@ -330,8 +362,10 @@ class StoreConnectorWorker:
             try:
                 exists = self.store.batch_exist(keys)
             except st.StoreError as exc:
+                # The store is unreachable as a whole: journal the failure,
+                # then let the run end (the job is still reported on the way out).
                 run.put_failed(str(exc))
-                return
+                raise
             missing = [i for i, present in enumerate(exists) if not present]
             if not missing:
                 run.put_done(stored=0, existed=len(keys))
@@ -349,6 +383,9 @@ class StoreConnectorWorker:
             put_keys = [keys[i] for i in missing]
             codes = self.store.batch_put_from(put_keys, views)
             failed = [c for c in codes if c < 0]
+            if st.RPC_FAIL in failed:
+                run.put_failed(st.describe(st.RPC_FAIL))
+                raise st.StoreError(st.RPC_FAIL, "batch_put_from")
             if failed:
                 run.put_failed(st.describe(failed[0]))
                 if st.NO_AVAILABLE_HANDLE in failed:

@@ -93,6 +93,8 @@ class SchedulerOutput:
     finished: list[tuple[str, int]]
     num_scheduled_tokens: dict[str, int]
     block_state: BlockState
+    #: requests refused at admission (they never fit the pool)
+    rejected: list[Request] = attrs.Factory(list)
 
 
 class EngineScheduler:
@@ -119,19 +121,41 @@ class EngineScheduler:
         self.running: list[Request] = []
         self.step = 0
         self.preemptions = 0
+        #: tokens computed so far (the run's progress, for stall detection)
+        self.tokens_computed = 0
+        #: requests that reached FINISHED (finished, aborted or refused)
+        self.finished_count = 0
+        #: requests refused at admission because they can never fit the pool
+        self.rejected: list[Request] = []
+        self._rejected_since_last: list[Request] = []
         self._finished_since_last: list[tuple[str, int]] = []
         self._preempted_since_last: list[tuple[str, int]] = []
         #: set by the connector: (request, local hit tokens) -> extra tokens loaded from the store
         self.external_lookup: Callable[[Request, int], int] | None = None
-        #: set by the connector: writes the loaded blocks; called after allocation
-        self.load_external: Callable[[Request, list[int], int, int], None] | None = None
+        #: set by the connector: writes the loaded blocks (called after allocation)
+        #: and returns how many tokens it really loaded
+        self.load_external: Callable[[Request, list[int], int, int], int] | None = None
         #: set by the connector: (request) -> whether to delay freeing its blocks
         self.on_finished: Callable[[Request], bool] | None = None
 
     # -- requests --------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
+        """Queue a request, or refuse it at once if it can never fit the pool.
+
+        Like vLLM refusing a prompt longer than the model can hold: a request
+        whose prompt and output need more blocks than the pool has would
+        otherwise preempt itself forever.
+        """
         self.requests[request.req_id] = request
+        need = self._blocks_for(len(request.prompt) + request.max_tokens)
+        if need > self.pool.num_blocks:
+            request.status = FINISHED
+            request.aborted = True
+            self.finished_count += 1
+            self.rejected.append(request)
+            self._rejected_since_last.append(request)
+            return
         self.waiting.append(request)
 
     def has_unfinished(self) -> bool:
@@ -152,6 +176,7 @@ class EngineScheduler:
     def _finish(self, request: Request) -> None:
         was_scheduled = request.gen >= 0
         request.status = FINISHED
+        self.finished_count += 1
         delay = self.on_finished(request) if self.on_finished and was_scheduled else False
         if not delay and request.blocks:
             self.pool.free_blocks(reversed(request.blocks))
@@ -221,7 +246,8 @@ class EngineScheduler:
             if not self._admit(request, budget, cached_blocks):
                 break
             self.waiting.popleft()
-            n = min(request.num_tokens - request.num_computed, budget)
+            room = len(request.blocks) * self.block_size - request.num_computed
+            n = min(request.num_tokens - request.num_computed, budget, room)
             scheduled[request.req_id] = n
             budget -= n
             if request.status == PREEMPTED:
@@ -235,6 +261,7 @@ class EngineScheduler:
 
         finished, self._finished_since_last = self._finished_since_last, []
         preempted, self._preempted_since_last = self._preempted_since_last, []
+        rejected, self._rejected_since_last = self._rejected_since_last, []
         tables = {r.req_id: r.blocks for r in self.running}
         return SchedulerOutput(
             self.step,
@@ -247,6 +274,7 @@ class EngineScheduler:
             finished,
             scheduled,
             BlockState(frozenset(scheduled), lambda req_id: list(tables[req_id])),
+            rejected,
         )
 
     def _admit(self, request: Request, budget: int, cached_blocks: dict[str, list[int]]) -> bool:
@@ -274,8 +302,9 @@ class EngineScheduler:
         cached_blocks[request.req_id] = hit
         if loaded and self.load_external is not None:
             load_blocks = fresh[: loaded // bs]
-            self.load_external(request, load_blocks, computed, loaded)
-            request.num_computed += loaded
+            # A key can vanish between the lookup and the load (evicted):
+            # what was not loaded is computed again.
+            request.num_computed += self.load_external(request, load_blocks, computed, loaded)
         return True
 
     # -- the model ---------------------------------------------------------------------
@@ -302,6 +331,7 @@ class EngineScheduler:
                 if full:
                     self.pool.cache(block, hashes[index])
             request.num_computed = end
+            self.tokens_computed += n
             if end == request.num_tokens and len(request.output) < request.max_tokens:
                 request.output.append(sample(req_id, request.num_tokens))
 

@@ -17,13 +17,14 @@ happened (``load_verified``).
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import attrs
@@ -39,6 +40,7 @@ from .connector import StoreConnectorScheduler, StoreConnectorWorker
 from .content import full_block_kv, short
 from .device import BlockMemory, HostBlocks
 from .engine import EngineScheduler, Request, sampler
+from .faults import Faults, FaultyStore
 from .pool import BlockPool
 
 
@@ -59,7 +61,10 @@ class SimConfig:
     world_size: int = 2
     token_budget: int = 256
     store_latency_ms: float = 3.0
+    #: puts that fail (TRANSFER_FAIL); the same as the ``put-fail`` fault
     failure_rate: float = 0.0
+    #: injected faults (``kvstate run --faults``, see :mod:`kvstate.sim.faults`)
+    faults: Faults = attrs.Factory(Faults)
     abort_rate: float = 0.0
     store_capacity_bytes: int | None = None
     save_decode_cache: bool = False
@@ -71,13 +76,42 @@ class SimConfig:
     legacy_bugs: tuple[str, ...] = tuple(sorted(BEFORE_52372))
     mode: str = "deterministic"
     model: str = "sim-model"
-    max_steps: int = 5000
+    #: stop after this many engine steps (None: run until idle). A run that
+    #: stops here never records engine_idle: its end-of-run checks did not run.
+    max_steps: int | None = None
+    #: stop as stalled after this many steps in a row without progress (no
+    #: token computed, no job reported, no request finished)
+    stall_steps: int = 5000
 
     def __attrs_post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r} (kvstate or legacy)")
         if self.mode not in ("deterministic", "threaded"):
             raise ValueError(f"unknown mode {self.mode!r} (deterministic or threaded)")
+        for name in ("blocks", "block_size", "block_bytes", "world_size", "token_budget"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be at least 1")
+        for name in ("requests", "prompt_len", "output_len", "arrivals_per_step"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name.replace('_', '-')} must not be negative")
+        if self.prompt_len < 1 or self.arrivals_per_step < 1:
+            raise ValueError("prompt-len and arrivals-per-step must be at least 1")
+        if self.store_latency_ms < 0:
+            raise ValueError("store-latency must not be negative")
+        for name in ("failure_rate", "abort_rate", "prefix_share", "followups"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name.replace('_', '-')} must be between 0 and 1")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError("max-steps must be at least 1")
+        if self.stall_steps < 1:
+            raise ValueError("stall-steps must be at least 1")
+
+    @property
+    def effective_faults(self) -> Faults:
+        """The faults to inject, with ``failure_rate`` folded into ``put-fail``."""
+        if self.failure_rate > self.faults.put_fail:
+            return attrs.evolve(self.faults, put_fail=self.failure_rate)
+        return self.faults
 
 
 @attrs.define
@@ -102,28 +136,18 @@ class Summary:
     leaked_pins: int = 0
     violations: dict[str, int] = attrs.Factory(dict)
     journal: str | None = None
+    #: requests refused at admission (they never fit the pool)
+    rejected: int = 0
+    #: keys the store no longer had when read back (evicted or unreadable)
+    keys_missing: int = 0
+    #: why the run ended without engine_idle: max-steps, stalled, crashed
+    stopped: str | None = None
+    #: the error that crashed the run, if one did
+    error: str | None = None
 
     @property
     def throughput_mb_s(self) -> float:
         return self.bytes_moved / 1e6 / self.elapsed_s if self.elapsed_s else 0.0
-
-
-class FlakyStore:
-    """Wraps a store: each put fails with TRANSFER_FAIL with probability ``rate``."""
-
-    def __init__(self, inner: st.Store, rate: float, rng: random.Random) -> None:
-        self._inner = inner
-        self._rate = rate
-        self._rng = rng
-        self._lock = threading.Lock()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def batch_put_from(self, keys, buffers):  # type: ignore[no-untyped-def]
-        with self._lock:
-            fail = self._rng.random() < self._rate
-        return [st.TRANSFER_FAIL] * len(keys) if fail else self._inner.batch_put_from(keys, buffers)
 
 
 def workload(config: SimConfig) -> list[Request]:
@@ -198,11 +222,15 @@ class Simulation:
         if len(stores) != config.world_size:
             raise ValueError(f"{len(stores)} store clients for {config.world_size} ranks")
         self.base_stores = stores
-        flaky = random.Random(config.seed + 1)
+        faults = config.effective_faults
+        fault_rng = random.Random(config.seed + 1)
         self.stores: list[st.Store] = [
-            FlakyStore(s, config.failure_rate, flaky) if config.failure_rate else s for s in stores
+            FaultyStore(s, faults, fault_rng, lambda: self.engine.step) if faults else s
+            for s in stores
         ]
         self.store = self.stores[0]
+        #: set when the store failed as a whole: the audit cannot read it back
+        self.store_failed: st.StoreError | None = None
         self.memory = memory or HostBlocks(config.blocks, config.block_bytes, config.world_size)
         self.pool = BlockPool(config.blocks)
         scheduler_cls, worker_cls = POLICIES[config.policy]
@@ -232,6 +260,8 @@ class Simulation:
         self._latency_lock = threading.Lock()
 
         def latency() -> float:
+            if config.store_latency_ms <= 0:
+                return 0.0
             with self._latency_lock:
                 return latency_rng.expovariate(1.0 / config.store_latency_ms)
 
@@ -244,6 +274,7 @@ class Simulation:
                 model=config.model,
                 block_size=config.block_size,
                 latency=latency,
+                crash_at=faults.thread_crash,
             )
             for rank in range(config.world_size)
         ]
@@ -300,30 +331,81 @@ class Simulation:
     # -- modes --------------------------------------------------------------------------------
 
     def run(self, progress: Callable[[Summary], None] | None = None) -> Summary:
+        """Run to the end and audit the store; the summary says how it ended.
+
+        ``engine_idle`` is recorded only when the engine really ran out of
+        work. A run stopped at ``max_steps`` or stalled records nothing more
+        (its journal replays as UNFINISHED); a run that raised records
+        ``engine_crashed`` with the error. A KeyboardInterrupt propagates
+        after the records so far are flushed.
+        """
         started = time.perf_counter()
         try:
             if self.config.mode == "deterministic":
-                self._run_virtual(progress)
+                outcome = self._run_virtual(progress)
             else:
-                self._run_threaded(progress)
+                outcome = self._run_threaded(progress)
         except LegacyCrash as crash:
-            self.crashed = True
-            self.sched_ledger.crashed(str(crash))
+            outcome = "crashed"
+            self._crash(str(crash))
+        except st.StoreError as exc:
+            outcome = "crashed"
+            self.store_failed = exc
+            self._crash(f"the store failed: {exc}")
+        except Exception as exc:
+            outcome = "crashed"
+            self._crash(f"{type(exc).__name__}: {exc}")
+        except BaseException:
+            self.recorder.flush_before_raising()
+            raise
         self.summary.elapsed_s = time.perf_counter() - started
-        if not self.crashed:
+        if outcome == "idle":
+            # The audit reads the store of an engine with no work left, so it
+            # belongs before engine_idle: that record closes the journal.
+            self.audit()
             self.sched_ledger.idle()
-        self.audit()
+        else:
+            self.summary.stopped = outcome
         self.recorder.flush()
         self._count()
         return self.summary
 
-    def _run_virtual(self, progress: Callable[[Summary], None] | None) -> None:
+    def _crash(self, error: str) -> None:
+        self.crashed = True
+        self.summary.error = error
+        self.sched_ledger.crashed(error)
+
+    def _stalled(self) -> Callable[[], bool]:
+        """A check that is True once the run made no progress for ``stall_steps`` steps."""
+        last: list[object] = [None, 0]
+
+        def check() -> bool:
+            mark = (
+                self.engine.tokens_computed,
+                self.summary.finished,
+                sum(len(w.ledger.state.jobs) for w in self.workers),
+                len(self.sched_ledger.ledger.pinned),
+            )
+            if mark != last[0]:
+                last[0], last[1] = mark, 0
+                return False
+            last[1] = int(last[1]) + 1  # type: ignore[call-overload]
+            return int(last[1]) >= self.config.stall_steps  # type: ignore[call-overload]
+
+        return check
+
+    def _steps(self) -> Iterator[int]:
+        limit = self.config.max_steps
+        return itertools.count() if limit is None else iter(range(limit))
+
+    def _run_virtual(self, progress: Callable[[Summary], None] | None) -> str:
         step_ns = int(self.config.step_ms * 1e6)
         ranks: list[tuple[Generator[float, None, None] | None, int]] = [
             (None, 0) for _ in self.workers
         ]
         next_step = 0
-        for _ in range(self.config.max_steps):
+        stalled = self._stalled()
+        for _ in self._steps():
             # Sending threads run until the next engine step, in virtual-time order.
             while True:
                 ranks = [
@@ -349,7 +431,10 @@ class Simulation:
             self._progress(progress)
             next_step += step_ns
             if not self.busy() and all(g is None for g, _ in ranks):
-                return
+                return "idle"
+            if stalled():
+                return "stalled"
+        return "max-steps"
 
     def _start_next(
         self, rank: int, gen: Generator[float, None, None] | None, at: int, now: int
@@ -359,10 +444,12 @@ class Simulation:
         job = self.workers[rank].queue.popleft()
         return self.workers[rank].run_job(job), max(at, now - int(self.config.step_ms * 1e6))
 
-    def _run_threaded(self, progress: Callable[[Summary], None] | None) -> None:
+    def _run_threaded(self, progress: Callable[[Summary], None] | None) -> str:
         stop = threading.Event()
         inboxes: list[queue.Queue[Any]] = [queue.Queue() for _ in self.workers]
-        errors: list[BaseException] = []
+        # An exception on a sending thread ends the run: the job was reported
+        # on the way out, and the main loop re-raises it here.
+        errors: queue.Queue[BaseException] = queue.Queue()
 
         def sending_thread(worker: StoreConnectorWorker, inbox: queue.Queue[Any]) -> None:
             while not stop.is_set() or not inbox.empty():
@@ -373,8 +460,8 @@ class Simulation:
                 try:
                     for delay in worker.run_job(job):
                         time.sleep(delay / 1000.0)
-                except BaseException as exc:  # reported already; keep the thread alive
-                    errors.append(exc)
+                except BaseException as exc:
+                    errors.put(exc)
                 finally:
                     inbox.task_done()
 
@@ -384,8 +471,11 @@ class Simulation:
         ]
         for thread in threads:
             thread.start()
+        stalled = self._stalled()
         try:
-            for _ in range(self.config.max_steps):
+            for _ in self._steps():
+                if not errors.empty():
+                    raise errors.get()
                 self.engine_step()
                 for worker, inbox in zip(self.workers, inboxes, strict=True):
                     while worker.queue:
@@ -393,7 +483,12 @@ class Simulation:
                 self._progress(progress)
                 time.sleep(self.config.step_ms / 1000.0)
                 if not self.busy() and all(q.unfinished_tasks == 0 for q in inboxes):
-                    break
+                    if not errors.empty():
+                        raise errors.get()
+                    return "idle"
+                if stalled():
+                    return "stalled"
+            return "max-steps"
         finally:
             stop.set()
             for thread in threads:
@@ -401,41 +496,56 @@ class Simulation:
 
     def _progress(self, progress: Callable[[Summary], None] | None) -> None:
         self.summary.steps = self.engine.step
-        self.summary.finished = sum(
-            1 for r in self.engine.requests.values() if r.status == "finished"
-        )
+        self.summary.finished = self.engine.finished_count
         if progress is not None:
             progress(self.summary)
 
     # -- the audit ------------------------------------------------------------------------------
 
     def audit(self) -> None:
-        """Read every stored key back and compare it with the KV its key names."""
+        """Read every stored key back and compare it with the KV its key names.
+
+        A key the store no longer has (evicted, or a failed read) is
+        journaled as ``key_missing``, never compared: an empty buffer is not
+        somebody else's KV. If the store stops answering as a whole, the
+        audit stops there and says so.
+        """
         size = self.memory.block_bytes
         keys = sorted(set().union(*(w.stored_keys for w in self.workers)))
         reader = self.base_stores[0]
-        poisoned = 0
+        poisoned = missing = 0
+        step = self.sched_ledger.step
         for key in keys:
             rank = int(key.split("@tp_rank:")[1].split("@")[0])
             block_hash = bytes.fromhex(key.rsplit("@", 1)[1])
             buffer = bytearray(size)
-            reader.batch_get_into([key], [memoryview(buffer)])
+            try:
+                code = reader.batch_get_into([key], [memoryview(buffer)])[0]
+            except st.StoreError as exc:
+                code = exc.code
+            if code < 0:
+                missing += 1
+                self.recorder.record(ev.KeyMissing(key=key, reason=st.describe_missing(code)), step)
+                if code == st.RPC_FAIL:
+                    break  # every further read would wait for the dead master
+                continue
             expected = full_block_kv(block_hash, rank, size)
             ok = bytes(buffer) == expected
             poisoned += not ok
             event = ev.KeyVerified(
                 key=key, ok=ok, expected=short(expected), actual=short(bytes(buffer))
             )
-            self.recorder.record(event, self.sched_ledger.step)
+            self.recorder.record(event, step)
         self.recorder.commit()
         self.summary.keys_stored = len(keys)
         self.summary.poisoned_keys = poisoned
+        self.summary.keys_missing = missing
 
     def _count(self) -> None:
         s = self.summary
         requests = self.engine.requests.values()
         s.finished = sum(1 for r in requests if r.status == "finished" and not r.aborted)
-        s.aborted = sum(1 for r in requests if r.aborted)
+        s.aborted = sum(1 for r in requests if r.aborted) - len(self.engine.rejected)
         s.steps = self.engine.step
         s.store_jobs = self.connector.jobs
         s.preemptions = self.engine.preemptions
@@ -443,6 +553,7 @@ class Simulation:
         s.loads = len(self.connector.load_checks)
         s.wrong_kv_requests = len({req for req, _g, _k, ok in self.connector.load_checks if not ok})
         s.crashes = int(self.crashed)
+        s.rejected = len(self.engine.rejected)
         s.journal = self.journal
         ledger = Ledger()
         found = Counter(

@@ -62,6 +62,11 @@ def describe(code: int) -> str:
     return CODE_NAMES.get(code, f"error {code}")
 
 
+def describe_missing(code: int) -> str:
+    """Why a read found nothing: ``evicted`` when the store no longer has the key."""
+    return "evicted" if code == OBJECT_NOT_FOUND else describe(code)
+
+
 class MemoryStore:
     """A thread-safe in-memory store with Mooncake's put and capacity semantics."""
 
