@@ -9,6 +9,7 @@ master someone else runs, after checking that it answers.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from urllib.parse import urlparse
 
 import attrs
@@ -45,6 +47,34 @@ def _answers(host: str, port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGKILL the child when its parent dies.
+
+    Context managers and signal handlers stop the master on every exit that
+    runs Python code; SIGKILL of the parent runs none, and without this the
+    master would keep its ports and memory forever. None where ``prctl`` is
+    not available (not Linux).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def find_executable() -> str | None:
@@ -94,6 +124,7 @@ class MooncakeMaster:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,  # Ctrl-C reaches us, and we stop it ourselves
+                preexec_fn=_die_with_parent(),  # runs prctl only: safe beside threads
             )
         finally:
             if self.log_path:

@@ -1,0 +1,150 @@
+"""Durability that holds: what was committed survives SIGKILL, a breaching
+record is on disk before strict mode's exception escapes, and a process that
+exits without close() loses nothing it recorded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from journal import Journal, JournalError
+from replay import replay
+from tests import crashsim
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_script(body: str, path: Path) -> subprocess.CompletedProcess[str]:
+    script = textwrap.dedent(body).format(path=str(path))
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def kinds(path: Path) -> list[str]:
+    with Journal(path, readonly=True) as journal:
+        return [r.kind for r in journal.records()]
+
+
+def test_hundreds_of_sigkills_lose_no_committed_record(tmp_path: Path) -> None:
+    records = 0
+    for seed in range(200):
+        committed, found = crashsim.kill_once(str(tmp_path), seed)
+        assert found >= committed
+        records += found
+    assert records > 10_000  # the kills landed mid-run, not before the first step
+
+
+def test_sigkills_with_synchronous_full(tmp_path: Path) -> None:
+    for seed in range(20):
+        committed, found = crashsim.kill_once(str(tmp_path), seed, "FULL")
+        assert found >= committed
+
+
+def test_a_strict_raise_leaves_the_breaching_record_on_disk(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    done = run_script(
+        """
+        import os
+        from kvstate import JobSpec, Recorder, SchedulerLedger, WorkerLedger
+        from kvstate.violations import DoubleReportError
+        rec = Recorder.open({path!r}, block_size=4, world_size=1)
+        sched = SchedulerLedger(rec)
+        worker = WorkerLedger(0, rec)
+        sched.admit("r", 8)
+        sched.assign_blocks("r", [0, 1], resumed=False)
+        job = sched.enqueue_store_job("r", 0, 8, ["a", "b"])
+        worker.register(JobSpec(job, "r", 0, ("a", "b")))
+        with worker.run(job):
+            pass
+        try:
+            worker._report(job)  # a second report: DOUBLE_REPORT
+        except DoubleReportError:
+            os._exit(0)  # no atexit, no close: only what was flushed before the raise
+        """,
+        path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert kinds(path)[-2:] == ["job_reported", "job_reported"]
+    result = replay([str(path)])
+    assert [v.code.value for v in result.violations] == ["DOUBLE_REPORT"]
+
+
+def test_an_uncaught_strict_raise_is_journaled_and_not_clean(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    done = run_script(
+        """
+        from kvstate import Recorder, SchedulerLedger
+        rec = Recorder.open({path!r}, block_size=4, world_size=1)
+        sched = SchedulerLedger(rec)
+        sched.admit("r", 8)
+        sched.assign_blocks("r", [0], resumed=False)
+        job = sched.enqueue_store_job("r", 0, 4, ["a"])
+        sched.release_pins(job)  # no completion yet: EARLY_RELEASE kills the process
+        """,
+        path,
+    )
+    assert done.returncode == 1 and "EarlyReleaseError" in done.stderr
+    result = replay([str(path)])
+    assert result.verdict == "violations"
+    assert [v.code.value for v in result.violations] == ["EARLY_RELEASE"]
+
+
+def test_an_exception_right_after_begin_step_keeps_the_step(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    done = run_script(
+        """
+        from kvstate import Recorder, SchedulerLedger
+        rec = Recorder.open({path!r}, block_size=4, world_size=1)
+        sched = SchedulerLedger(rec)
+        sched.begin_step()
+        sched.admit("r", 8)
+        sched.begin_step()
+        sched.admit("s", 8)
+        raise RuntimeError("the engine failed")
+        """,
+        path,
+    )
+    assert "RuntimeError" in done.stderr
+    assert kinds(path) == ["journal_opened", "request_admitted", "request_admitted"]
+
+
+def test_exiting_without_close_loses_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    done = run_script(
+        """
+        from kvstate import Recorder, SchedulerLedger
+        rec = Recorder.open({path!r}, block_size=4, world_size=1)
+        sched = SchedulerLedger(rec)
+        for i in range(50):
+            sched.admit(f"r{{i}}", 8)
+        """,
+        path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(kinds(path)) == 51
+
+
+def test_commit_returns_after_the_batch_is_on_disk(tmp_path: Path) -> None:
+    from kvstate import Recorder, SchedulerLedger
+
+    path = tmp_path / "j.db"
+    rec = Recorder.open(path, block_size=4, world_size=1)
+    sched = SchedulerLedger(rec)
+    sched.admit("r", 8)
+    rec.commit()
+    # Another connection sees the batch at once: it is in the WAL, not in a queue.
+    assert len(kinds(path)) == 2
+    rec.close()
+
+
+def test_synchronous_level_is_validated_and_applied(tmp_path: Path) -> None:
+    with pytest.raises(JournalError, match="NORMAL or FULL"):
+        Journal(tmp_path / "x.db", synchronous="OFF")
+    with Journal(tmp_path / "full.db", synchronous="FULL") as journal:
+        level = journal._conn.execute("PRAGMA synchronous").fetchone()[0]
+    assert level == 2  # FULL
