@@ -199,6 +199,29 @@ class JournalOpened(Event):
     created: Any = attrs.field(default=None, validator=_scalar)
 
 
+def header_problem(first: JournalOpened | None, event: Event) -> str | None:
+    """Why ``event`` cannot come next in a journal whose header is ``first``.
+
+    The first record must be ``journal_opened``; a later one (journals of
+    one run merged) must describe the same engine. Every reader applies this
+    check, so all tools refuse the same journals.
+    """
+    if first is None:
+        if type(event) is not JournalOpened:
+            return f"the first record must be journal_opened, found {event.kind}"
+        return None
+    if type(event) is JournalOpened and (event.block_size, event.world_size) != (
+        first.block_size,
+        first.world_size,
+    ):
+        return (
+            f"journal_opened says block_size={event.block_size}, "
+            f"world_size={event.world_size}; an earlier header said "
+            f"block_size={first.block_size}, world_size={first.world_size}"
+        )
+    return None
+
+
 # -- scheduler side ----------------------------------------------------------------
 
 

@@ -107,10 +107,10 @@ class Ledger:
         disagrees with the first.
         """
         out: Out = []
-        if self.header is None and type(event) is not ev.JournalOpened:
-            raise RecordError(
-                f"the first record must be journal_opened, found {event.kind}", seq=seq
-            )
+        if self.header is None or type(event) is ev.JournalOpened:
+            problem = ev.header_problem(self.header, event)
+            if problem is not None:
+                raise RecordError(problem, seq=seq)
         self.records += 1
         self.last_seq, self.last_kind = seq, event.kind
         if event.side == ev.SIDE_SCHEDULER:
@@ -233,21 +233,9 @@ class Ledger:
         return inc
 
     def _on_journal_opened(self, seq: int, event: ev.JournalOpened, out: Out) -> None:
+        # A later header (journals of one run merged) was checked in apply().
         if self.header is None:
             self.header = event
-            return
-        # Several journals of one run (scheduler and ranks) merged: they must
-        # describe the same engine.
-        if (event.block_size, event.world_size) != (
-            self.header.block_size,
-            self.header.world_size,
-        ):
-            raise RecordError(
-                f"journal_opened says block_size={event.block_size}, "
-                f"world_size={event.world_size}; an earlier header said "
-                f"block_size={self.header.block_size}, world_size={self.header.world_size}",
-                seq=seq,
-            )
 
     def _on_admitted(self, seq: int, event: ev.RequestAdmitted, out: Out) -> None:
         inc = self._new_generation(seq, event.kind, event.req, event.gen, out)

@@ -42,7 +42,7 @@ from .report import (
     summary_line,
 )
 from .safe import literal, printable
-from .sources import collect, entries, read_path
+from .sources import collect, entries
 
 EXIT_CLEAN = 0
 EXIT_VIOLATIONS = 1
@@ -165,7 +165,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     src, dst = args.source, args.destination
     try:
         with atomic_output(dst, force=args.force) as tmp:
-            source = (item.entry for item in read_path(src))
+            source = entries([src])
             if dst.endswith((".jsonl", ".ndjson", ".json")):
                 n = write_jsonl((to_record(e) for e in source), tmp)
             else:

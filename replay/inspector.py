@@ -22,6 +22,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 
+from journal import RecordError
 from kvstate.ledger import Ledger
 from kvstate.violations import CODE_ORDER, Violation
 
@@ -615,6 +616,8 @@ def once(path: str) -> tuple[RenderableType, int]:
         tt.stop()
     if tt.error is not None:
         raise tt.error
+    if tt.empty:
+        raise RecordError("journal is empty: no journal_opened record", path=path)
     parts: list[RenderableType] = [overview(tt)]
     if tt.violations:
         table = Table(title="violations", box=box.SIMPLE_HEAD, title_justify="left")

@@ -104,7 +104,7 @@ def lanes_table(
 ) -> Table:
     """Records as lanes (scheduler, one per rank, audit); violations marked on their row."""
     lanes = sorted({lane(e.event) for e in entries}, key=_lane_order)
-    table = Table(title=title, box=_box(plain), title_justify="left")
+    table = Table(title=literal(title), box=_box(plain), title_justify="left")
     table.add_column("seq", justify="right")
     table.add_column("step", justify="right")
     for name in lanes:

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 import attrs
 
 from journal import Journal, RecordError, is_journal_file, read_jsonl_lines
+from kvstate import events as ev
 from kvstate.codec import Entry, from_record
 
 
@@ -83,15 +84,36 @@ def _first_has_ts(path: str) -> bool:
     return False
 
 
+def checked(items: Iterator[Located], what: str) -> Iterator[Located]:
+    """The structural checks every reader applies, whatever it does next.
+
+    A journal starts with ``journal_opened``, later headers agree with it,
+    and it is not empty. Replay's fold makes the same checks; doing them
+    here too means export, convert and timeline refuse the same journals.
+    """
+    header: ev.JournalOpened | None = None
+    for item in items:
+        event = item.entry.event
+        if header is None or type(event) is ev.JournalOpened:
+            problem = ev.header_problem(header, event)
+            if problem is not None:
+                raise RecordError(problem, path=item.path, line=item.line, seq=item.seq)
+            if header is None:
+                header = event  # type: ignore[assignment]
+        yield item
+    if header is None:
+        raise RecordError("journal is empty: no journal_opened record", path=what)
+
+
 def open_stream(paths: Sequence[str]) -> tuple[Iterator[Located], Origin | None]:
     """The records of ``paths`` in replay order, and the origin map when merged."""
     if len(paths) == 1:
-        return read_path(paths[0]), None
+        return checked(read_path(paths[0]), paths[0]), None
     origin = Origin(paths)
     by_ts = all(_first_has_ts(p) for p in paths)
 
     def merged() -> Iterator[Located]:
-        streams = [read_path(p) for p in paths]
+        streams = [checked(read_path(p), p) for p in paths]
         if by_ts:
             pairs: Iterator[tuple[int, Located]] = _merge_by_ts(streams)
         else:
@@ -101,7 +123,7 @@ def open_stream(paths: Sequence[str]) -> tuple[Iterator[Located], Origin | None]
             entry = item.entry._replace(seq=position)
             yield Located(entry, item.path, item.seq, item.line)
 
-    return merged(), origin
+    return checked(merged(), ", ".join(paths)), origin
 
 
 def entries(paths: Sequence[str]) -> Iterator[Entry]:

@@ -92,7 +92,7 @@ class _LineRecords:
 
     def last_seq(self) -> int:
         self.poll()
-        return self._seqs[-1] if self._seqs else 0
+        return self._seqs[-1] if self._seqs else BEFORE_FIRST
 
     def between(self, after: int, upto: int) -> Iterator[Entry]:
         start = bisect.bisect_right(self._seqs, after)
@@ -147,7 +147,9 @@ class TimeTravel:
                 done += 1
                 if (limit is not None and done >= limit) or self._stop.is_set():
                     break
-        except (RecordError, OSError) as exc:
+        except RecordError as exc:
+            self.error = exc.located(path=self.path)
+        except OSError as exc:
             self.error = exc
         return done
 
@@ -186,6 +188,11 @@ class TimeTravel:
     @property
     def indexed(self) -> bool:
         return self.indexed_seq >= self.last_seq
+
+    @property
+    def empty(self) -> bool:
+        """Indexed to the end without finding a journal_opened record."""
+        return self.indexed and self._index_ledger.header is None
 
     @property
     def unfinished(self) -> bool:
