@@ -81,7 +81,9 @@ class JournalWriter(Generic[T]):
         _OPEN.add(self)  # type: ignore[arg-type]
 
     def append(self, item: T) -> None:
-        """Add one item to the current batch (no I/O)."""
+        """Add one item to the current batch (no I/O); refused once the writer is closed."""
+        if self._closed:
+            raise JournalError(f"{self.journal.path}: the journal writer is closed")
         with self._lock:
             self._buffer.append(item)
 
@@ -92,6 +94,8 @@ class JournalWriter(Generic[T]):
         the journal's durability level, and raises if it could not be written.
         """
         self._raise_if_failed()
+        if self._closed:
+            raise JournalError(f"{self.journal.path}: the journal writer is closed")
         with self._lock:
             batch, self._buffer = self._buffer, []
             if not batch:

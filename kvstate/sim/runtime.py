@@ -274,7 +274,8 @@ class Simulation:
                 model=config.model,
                 block_size=config.block_size,
                 latency=latency,
-                crash_at=faults.thread_crash,
+                # one sending thread crashes: rank 0's
+                crash_at=faults.thread_crash if rank == 0 else None,
             )
             for rank in range(config.world_size)
         ]
@@ -284,6 +285,8 @@ class Simulation:
         self._abort_rng = random.Random(config.seed + 3)
         self.crashed = False
         self._retired: dict[tuple[str, int], set[int]] = {}
+        #: deterministic mode: each rank's suspended job, if any (closed at the end)
+        self._ranks_left: list[tuple[Generator[float, None, None] | None, int]] = []
 
     def _virtual_clock(self) -> int:
         return self.virtual_ns
@@ -405,6 +408,25 @@ class Simulation:
         ]
         next_step = 0
         stalled = self._stalled()
+        try:
+            return self._virtual_steps(ranks, next_step, step_ns, stalled, progress)
+        finally:
+            # Jobs still suspended in a store call when the run ends (a crash,
+            # the step limit) are abandoned now, while the journal is open:
+            # each passes its finally and is reported, before any final record.
+            for gen, _at in self._ranks_left:
+                if gen is not None:
+                    gen.close()
+
+    def _virtual_steps(
+        self,
+        ranks: list[tuple[Generator[float, None, None] | None, int]],
+        next_step: int,
+        step_ns: int,
+        stalled: Callable[[], bool],
+        progress: Callable[[Summary], None] | None,
+    ) -> str:
+        self._ranks_left = ranks
         for _ in self._steps():
             # Sending threads run until the next engine step, in virtual-time order.
             while True:
@@ -421,11 +443,16 @@ class Simulation:
                 at, i = min(due)
                 self.virtual_ns = at
                 gen = ranks[i][0]
+                self._ranks_left = ranks
                 try:
                     delay = next(gen)  # type: ignore[arg-type]
                     ranks[i] = (gen, at + int(delay * 1e6))
                 except StopIteration:
                     ranks[i] = (None, at)
+                except BaseException:
+                    ranks[i] = (None, at)  # this one has finished, by raising
+                    raise
+            self._ranks_left = ranks
             self.virtual_ns = next_step
             self.engine_step()
             self._progress(progress)
@@ -451,8 +478,10 @@ class Simulation:
         # on the way out, and the main loop re-raises it here.
         errors: queue.Queue[BaseException] = queue.Queue()
 
+        abandon = threading.Event()  # the run failed: stop without draining the inboxes
+
         def sending_thread(worker: StoreConnectorWorker, inbox: queue.Queue[Any]) -> None:
-            while not stop.is_set() or not inbox.empty():
+            while not abandon.is_set() and (not stop.is_set() or not inbox.empty()):
                 try:
                     job = inbox.get(timeout=0.01)
                 except queue.Empty:
@@ -489,6 +518,9 @@ class Simulation:
                 if stalled():
                     return "stalled"
             return "max-steps"
+        except BaseException:
+            abandon.set()
+            raise
         finally:
             stop.set()
             for thread in threads:
