@@ -20,6 +20,7 @@ it goes by.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -258,7 +259,17 @@ class Journal:
     # -- lifecycle ---------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the connection (idempotent).
+
+        A journal written here leaves WAL mode as it closes: the log is
+        checkpointed into the file and removed, so the finished journal is one
+        self-contained file, and readers opening it read-only do not leave
+        ``-wal``/``-shm`` files beside it. If another process still has it
+        open (a ``--follow`` reader), it stays in WAL mode; nothing is lost.
+        """
+        if not self.readonly:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("PRAGMA journal_mode = DELETE")
         self._conn.close()
 
     def __enter__(self) -> Journal:

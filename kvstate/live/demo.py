@@ -73,14 +73,20 @@ def _memory(config: SimConfig) -> BlockMemory:
         return HostBlocks(config.blocks, config.block_bytes, config.world_size)
 
 
+def default_segment_bytes(config: SimConfig) -> int:
+    """A segment per rank large enough that the demo's keys are rarely evicted,
+    within what a small machine can lend (64 MiB to 1 GiB)."""
+    wanted = 4 * config.blocks * config.block_bytes * config.requests // 8
+    return min(max(64 << 20, wanted), 1 << 30)
+
+
 @contextlib.contextmanager
 def _mooncake_stores(
-    config: SimConfig, memory: BlockMemory, master: MasterAddress | None
+    config: SimConfig, memory: BlockMemory, master: MasterAddress | None, segment: int
 ) -> Iterator[list[st.Store]]:
     from .master import MooncakeMaster
     from .mooncake import MooncakeStore
 
-    segment = max(64 << 20, 4 * config.blocks * config.block_bytes * config.requests // 8)
     with contextlib.ExitStack() as stack:
         address = master or stack.enter_context(MooncakeMaster())
         stores = [MooncakeStore(address, segment_bytes=segment) for _ in range(config.world_size)]
@@ -102,6 +108,7 @@ def run_policy(
     use_mooncake: bool,
     master: MasterAddress | None = None,
     progress: Callable[[Summary], None] | None = None,
+    segment_bytes: int | None = None,
 ) -> DemoRun:
     """Run the workload under ``config.policy`` and write its journal.
 
@@ -113,15 +120,23 @@ def run_policy(
     memory = _memory(config)
     if use_mooncake:
         log = os.path.join(os.path.dirname(journal) or ".", "mooncake.log")
-        with native_logs_to(log), _mooncake_stores(config, memory, master) as stores:
-            sim = Simulation(config, journal=journal, stores=stores, memory=memory)
-            summary = sim.run(progress)
-            sim.close()
+        segment = segment_bytes or default_segment_bytes(config)
+        with native_logs_to(log), _mooncake_stores(config, memory, master, segment) as stores:
+            summary = _run(
+                Simulation(config, journal=journal, stores=stores, memory=memory), progress
+            )
     else:
-        sim = Simulation(config, journal=journal, memory=memory)
-        summary = sim.run(progress)
-        sim.close()
+        summary = _run(Simulation(config, journal=journal, memory=memory), progress)
     return DemoRun(summary, journal)
+
+
+def _run(sim: Simulation, progress: Callable[[Summary], None] | None) -> Summary:
+    # The journal is closed on every way out, an interrupt included, before
+    # the store clients and the master go: its records are all on disk.
+    try:
+        return sim.run(progress)
+    finally:
+        sim.close()
 
 
 def journal_path(out: str, policy: str) -> str:

@@ -1,0 +1,130 @@
+"""Faults in live runs against a real Mooncake master: eviction is told
+apart from poisoning, a master killed mid-run ends the journal with
+engine_crashed, and signals to `kvstate run` / `kvstate demo` leave a
+readable journal and no master behind, even SIGKILL of the parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvstate.live.demo import run_policy
+from kvstate.live.master import MooncakeMaster
+from kvstate.sim.runtime import SimConfig
+from replay import replay
+
+ROOT = Path(__file__).resolve().parent.parent
+KVSTATE = [sys.executable, "-m", "replay"]
+
+
+def test_eviction_in_a_small_segment_is_never_poisoning(tmp_path: Path) -> None:
+    path = str(tmp_path / "kvstate.db")
+    config = SimConfig(requests=160, policy="kvstate", block_bytes=65536)
+    run = run_policy(config, path, use_mooncake=True, segment_bytes=16 << 20)
+    result = replay([path])
+    assert run.summary.keys_missing > 0  # the 16 MiB segments did evict
+    assert run.summary.poisoned_keys == 0 and result.exit_status == 0
+    assert result.ledger.keys_missing == run.summary.keys_missing
+
+
+def test_a_master_killed_mid_run_ends_the_journal_with_engine_crashed(tmp_path: Path) -> None:
+    path = str(tmp_path / "kvstate.db")
+    master = MooncakeMaster()
+    address = master.start()
+
+    def kill_at_step_40(summary) -> None:  # type: ignore[no-untyped-def]
+        if summary.steps == 40 and master.process is not None:
+            os.kill(master.process.pid, signal.SIGKILL)
+
+    try:
+        config = SimConfig(requests=200, policy="kvstate", block_bytes=4096)
+        run = run_policy(config, path, use_mooncake=True, master=address, progress=kill_at_step_40)
+    finally:
+        master.stop()
+    assert run.summary.stopped == "crashed"
+    assert "master unreachable" in (run.summary.error or "")
+    result = replay([path])
+    assert result.ledger.last_kind == "engine_crashed" and not result.unfinished
+    assert [v.code.value for v in result.violations] == ["CRASH"]
+
+
+def _wait_for_records(folder: Path, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Until a journal being written in ``folder`` has grown past its first steps."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"exited early: {process.stderr.read().decode() if process.stderr else ''}")
+        if any(p.suffix == ".tmp" and p.stat().st_size > 64 << 10 for p in folder.iterdir()):
+            return
+        time.sleep(0.05)
+    pytest.fail("no journal appeared")
+
+
+def _masters_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if ppid == pid and name.startswith("mooncake_maste"):
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"  # a zombie is dead, waiting to be reaped
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signalled_run_leaves_a_readable_unfinished_journal(tmp_path: Path, sig: int) -> None:
+    journal = tmp_path / "run.db"
+    process = subprocess.Popen(
+        [*KVSTATE, "run", "--requests", "100000", "--journal", str(journal)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    _wait_for_records(tmp_path, process)
+    process.send_signal(sig)
+    _out, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + sig, err
+    assert b"interrupted" in err and b"Traceback" not in err
+    result = replay([str(journal)])
+    assert result.unfinished and result.events > 100
+    assert [p.name for p in tmp_path.iterdir()] == ["run.db"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_signalled_demo_leaves_no_master_behind(tmp_path: Path, sig: int) -> None:
+    out = tmp_path / "demo"
+    process = subprocess.Popen(
+        [*KVSTATE, "demo", "--store", "mooncake", "--requests", "100000", "--out", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out.mkdir(exist_ok=True)
+    _wait_for_records(out, process, timeout=90)
+    masters = _masters_of(process.pid)
+    assert len(masters) == 1
+    process.send_signal(sig)
+    _out, err = process.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while _alive(masters[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(masters[0]), "mooncake_master outlived the demo"
+    if sig == signal.SIGTERM:
+        assert process.returncode == 128 + sig, err
+        result = replay([str(out / "legacy.db")])
+        assert result.unfinished and result.events > 100
