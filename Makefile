@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system-packages demo test lint bench clean
+.PHONY: setup system-packages demo test lint bench soak clean
 
 setup: $(VENV)/.installed
 
@@ -36,6 +36,10 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# Thousands of SIGKILLs of a journal writer (docs/reliability.md).
+soak: setup
+	$(BIN)/python -m tests.crashsim --kills 3000
 
 bench: setup
 	$(BIN)/python benchmarks/bench_hot_path.py
