@@ -23,9 +23,10 @@ system-packages:
 
 # The main job: the same workload under the legacy connector and under
 # kvstate, against a local Mooncake master (journals in demo/).
+# --force replaces the two journals of an earlier demo, each with a complete
+# new one; nothing else in demo/ is touched.
 demo: setup
-	rm -rf demo
-	$(BIN)/kvstate demo --out demo
+	$(BIN)/kvstate demo --out demo --force
 
 # ruff first, so the last line CI prints is pytest's summary.
 test: setup
