@@ -91,7 +91,9 @@ def _schema_text(tmp: Path) -> Path:
     path = db_from(tmp, "schema.db")
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA writable_schema = ON")
-    conn.execute("UPDATE sqlite_master SET sql = 'CREATE TABLE records(garbage' WHERE name='records'")
+    conn.execute(
+        "UPDATE sqlite_master SET sql = 'CREATE TABLE records(garbage' WHERE name='records'"
+    )
     conn.commit()
     conn.close()
     return path
@@ -102,8 +104,8 @@ def _binary_payload(tmp: Path) -> Path:
 
     path = tmp / "bin.db"
     with Journal(path) as journal:
-        journal.append([Record(1, "journal_opened", {"version": 1, "block_size": 4,
-                                                     "world_size": 1, "x": b"\x00\x01"}, 0)])  # fmt: skip
+        payload = {"version": 1, "block_size": 4, "world_size": 1, "x": b"\x00\x01"}
+        journal.append([Record(1, "journal_opened", payload, 0)])
     return path
 
 
@@ -136,16 +138,16 @@ BAD_INPUTS: dict[str, Callable[[Path], Path]] = {
         "order.jsonl",
         lines(admit().replace('"seq":2', '"seq":3'), admit(req='"s"')),
     ),
-    "world_size 1e12": _write(
-        "world.jsonl", json.dumps({**HEADER, "world_size": 10**12}) + "\n"
-    ),
+    "world_size 1e12": _write("world.jsonl", json.dumps({**HEADER, "world_size": 10**12}) + "\n"),
     "a directory": lambda tmp: (tmp / "adir").mkdir() or tmp / "adir",
     "missing file": lambda tmp: tmp / "nowhere.db",
     "truncated database": _truncated,
     "foreign database": _foreign,
     "corrupted schema": _schema_text,
     "tampered chain": lambda tmp: db_from(
-        tmp, "tamper.db", "DROP TRIGGER records_refuse_update; UPDATE records SET step=9 WHERE seq=4;"
+        tmp,
+        "tamper.db",
+        "DROP TRIGGER records_refuse_update; UPDATE records SET step=9 WHERE seq=4;",
     ),
     "deleted middle row": lambda tmp: db_from(
         tmp, "hole.db", "DROP TRIGGER records_refuse_delete; DELETE FROM records WHERE seq=4;"
@@ -307,7 +309,9 @@ def test_fuzzed_lines_raise_only_record_errors_and_the_fold_only_findings(texts:
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=64), st.sampled_from(KINDS))
-def test_fuzzed_database_payloads_raise_only_record_errors(tmp_path_factory, payload: bytes, kind: str) -> None:  # type: ignore[no-untyped-def]
+def test_fuzzed_database_payloads_raise_only_record_errors(
+    tmp_path_factory, payload: bytes, kind: str
+) -> None:  # type: ignore[no-untyped-def]
     from journal import Journal
     from journal._chain import GENESIS, link
 

@@ -80,7 +80,7 @@ def test_an_unregistered_job_is_unledgered_live_and_in_replay() -> None:
 
 
 def test_an_unregistered_job_without_strict_mode_is_reported_once() -> None:
-    rec, sched, worker = make(strict=False)
+    rec, _sched, worker = make(strict=False)
     with worker.run(3) as run:
         assert not run.live
     kinds = [e.event.kind for e in (rec.entries or [])]
