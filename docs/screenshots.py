@@ -13,8 +13,8 @@ import asyncio
 import os
 import tempfile
 
-from kvstate.sim.runtime import SimConfig, simulate
-from replay.inspector import Inspector
+from kvstate.harness.sim.runtime import SimConfig, simulate
+from replay.tui.inspector import Inspector
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHOTS = [

@@ -254,7 +254,7 @@ class SchedulerLedger:
         return bool(self.ledger.pinned)
 
     # -- policy: the decisions the upstream fixes changed --------------------------------
-    # kvstate.legacy overrides these with the old behaviours, for the bug zoo.
+    # kvstate.harness.legacy overrides these with the old behaviours, for the bug zoo.
 
     def _assign_mode(self, req: str, resumed: bool) -> str:
         """Append or replace, from the engine's resumed flag only."""

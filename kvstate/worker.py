@@ -130,7 +130,7 @@ class WorkerLedger:
             self._after_report(job)
 
     # -- policy: the decisions the upstream fixes changed --------------------------------
-    # kvstate.legacy overrides these with the old behaviours, for the bug zoo.
+    # kvstate.harness.legacy overrides these with the old behaviours, for the bug zoo.
 
     def _live_at_start(self, job: int) -> bool:
         """The dequeue check: is the job's id among its request's live jobs?"""

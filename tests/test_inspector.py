@@ -22,11 +22,11 @@ from textual.widgets import DataTable, Static, TabbedContent
 from journal import write_jsonl
 from kvstate import JobSpec, Recorder, SchedulerLedger, WorkerLedger
 from kvstate.codec import to_record
-from kvstate.zoo import CASES, run_case
+from kvstate.harness.zoo import CASES, run_case
 from replay.cli import main
 from replay.engine import replay
-from replay.inspector import Inspector
 from replay.timetravel import TimeTravel
+from replay.tui.inspector import Inspector
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 

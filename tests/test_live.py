@@ -10,12 +10,12 @@ from urllib.parse import urlparse
 
 import pytest
 
-from kvstate.live.master import MasterError, MooncakeMaster, existing_master
-from kvstate.live.mooncake import MooncakeStore
-from kvstate.live.torch_blocks import TorchBlocks
-from kvstate.sim import store as st
-from kvstate.sim.content import block_hashes, full_block_kv
-from kvstate.sim.runtime import SimConfig, Simulation
+from kvstate.harness.live.master import MasterError, MooncakeMaster, existing_master
+from kvstate.harness.live.mooncake import MooncakeStore
+from kvstate.harness.live.torch_blocks import TorchBlocks
+from kvstate.harness.sim import store as st
+from kvstate.harness.sim.content import block_hashes, full_block_kv
+from kvstate.harness.sim.runtime import SimConfig, Simulation
 
 BLOCK = 4096
 

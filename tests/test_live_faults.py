@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kvstate.live.demo import run_policy
-from kvstate.live.master import MooncakeMaster
-from kvstate.sim.runtime import SimConfig
+from kvstate.harness.live.demo import run_policy
+from kvstate.harness.live.master import MooncakeMaster
+from kvstate.harness.sim.runtime import SimConfig
 from replay import replay
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,8 +9,8 @@ import pytest
 
 from journal import write_jsonl
 from kvstate.codec import to_record
+from kvstate.harness.zoo import CASES, run_case
 from kvstate.violations import Code, Violation
-from kvstate.zoo import CASES, run_case
 from replay.cli import main
 from replay.explain import group
 

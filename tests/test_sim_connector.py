@@ -5,9 +5,9 @@ touch a reused request id, and every rank must report before blocks free."""
 
 from __future__ import annotations
 
+from kvstate.harness.sim.engine import Request
+from kvstate.harness.sim.runtime import SimConfig, Simulation
 from kvstate.ledger import Ledger
-from kvstate.sim.engine import Request
-from kvstate.sim.runtime import SimConfig, Simulation
 
 BS = 4
 

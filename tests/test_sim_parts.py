@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvstate.sim import store as st
-from kvstate.sim.content import block_hashes, full_block_kv, partial_block_kv
-from kvstate.sim.pool import BlockPool, PoolError
+from kvstate.harness.sim import store as st
+from kvstate.harness.sim.content import block_hashes, full_block_kv, partial_block_kv
+from kvstate.harness.sim.pool import BlockPool, PoolError
 
 
 def test_pool_allocates_from_the_head_and_frees_to_the_tail() -> None:

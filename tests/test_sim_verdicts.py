@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvstate.sim.faults import Faults
-from kvstate.sim.runtime import SimConfig, simulate
+from kvstate.harness.sim.faults import Faults
+from kvstate.harness.sim.runtime import SimConfig, simulate
 from replay import replay
 from replay.cli import main
 

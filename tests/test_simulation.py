@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstate.sim.runtime import SimConfig, Simulation, simulate
+from kvstate.harness.sim.runtime import SimConfig, Simulation, simulate
 from replay.cli import main
 
 

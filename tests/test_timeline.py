@@ -9,7 +9,7 @@ import pytest
 
 from journal import write_jsonl
 from kvstate.codec import to_record
-from kvstate.zoo import CASES, run_case
+from kvstate.harness.zoo import CASES, run_case
 from replay.cli import main
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvstate.codec import to_dict
+from kvstate.harness.zoo import CASES, run_case
 from kvstate.ledger import Ledger
-from kvstate.zoo import CASES, run_case
 from replay.cli import main
 
 

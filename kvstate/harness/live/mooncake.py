@@ -1,15 +1,15 @@
-"""A :class:`~kvstate.sim.store.Store` over Mooncake's ``MooncakeDistributedStore``.
+"""A :class:`~kvstate.harness.sim.store.Store` over Mooncake's ``MooncakeDistributedStore``.
 
 One client per rank; each client contributes a segment to the store and puts
 its keys there (``preferred_segment``). Puts and gets are zero-copy from and
 into caller memory (the staging area registered with :meth:`register`, or
 any host memory over TCP). Whole-call failures (master unreachable, -900)
-raise :class:`~kvstate.sim.store.StoreError`; per-key codes come back as
+raise :class:`~kvstate.harness.sim.store.StoreError`; per-key codes come back as
 Mooncake returns them (0, a byte count, or a negative code such as -200 for
 a full store).
 
 The client kills the process (SIGSEGV) if used after ``close()``; this class
-refuses with :class:`~kvstate.sim.store.StoreClosed` instead.
+refuses with :class:`~kvstate.harness.sim.store.StoreClosed` instead.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ..sim import store as st
+from kvstate.harness.sim import store as st
+
 from .master import MasterAddress
 
 

@@ -29,12 +29,13 @@ from typing import Any
 
 import attrs
 
-from .. import events as ev
-from ..ledger import Ledger
-from ..legacy import BEFORE_52372, POLICIES, LegacyCrash
-from ..recorder import Recorder
-from ..scheduler import SchedulerLedger
-from ..worker import WorkerLedger
+from kvstate import events as ev
+from kvstate.harness.legacy import BEFORE_52372, POLICIES, LegacyCrash
+from kvstate.ledger import Ledger
+from kvstate.recorder import Recorder
+from kvstate.scheduler import SchedulerLedger
+from kvstate.worker import WorkerLedger
+
 from . import store as st
 from .connector import StoreConnectorScheduler, StoreConnectorWorker
 from .content import full_block_kv, short
@@ -63,7 +64,7 @@ class SimConfig:
     store_latency_ms: float = 3.0
     #: puts that fail (TRANSFER_FAIL); the same as the ``put-fail`` fault
     failure_rate: float = 0.0
-    #: injected faults (``kvstate run --faults``, see :mod:`kvstate.sim.faults`)
+    #: injected faults (``kvstate run --faults``, see :mod:`kvstate.harness.sim.faults`)
     faults: Faults = attrs.Factory(Faults)
     abort_rate: float = 0.0
     store_capacity_bytes: int | None = None
@@ -72,7 +73,7 @@ class SimConfig:
     step_ms: float = 1.0
     seed: int = 0
     policy: str = "kvstate"
-    #: the old behaviours the legacy policy runs with (see kvstate.legacy.BUGS)
+    #: the old behaviours the legacy policy runs with (see kvstate.harness.legacy.BUGS)
     legacy_bugs: tuple[str, ...] = tuple(sorted(BEFORE_52372))
     mode: str = "deterministic"
     model: str = "sim-model"

@@ -16,9 +16,10 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
-from ..sim import store as st
-from ..sim.device import BlockMemory, HostBlocks
-from ..sim.runtime import SimConfig, Simulation, Summary
+from kvstate.harness.sim import store as st
+from kvstate.harness.sim.device import BlockMemory, HostBlocks
+from kvstate.harness.sim.runtime import SimConfig, Simulation, Summary
+
 from .master import MasterAddress
 
 

@@ -2,7 +2,7 @@
 
 One ``[num_blocks, block_bytes]`` area per rank (that rank's shard of every
 block). :class:`HostBlocks` keeps it in a bytearray; the live runtime's
-:class:`kvstate.live.TorchBlocks` keeps it in a torch tensor (on CUDA when
+:class:`kvstate.harness.live.TorchBlocks` keeps it in a torch tensor (on CUDA when
 there is one) with the same methods.
 
 ``stage`` is the DMA: it copies a job's blocks into the rank's staging area

@@ -19,10 +19,11 @@ from collections.abc import Callable
 
 import attrs
 
-from . import events as ev
+from kvstate import events as ev
+from kvstate.recorder import Recorder
+from kvstate.worker import JobSpec
+
 from .legacy import POLICIES, LegacyCrash
-from .recorder import Recorder
-from .worker import JobSpec
 
 BLOCK_SIZE = 4
 

@@ -25,12 +25,11 @@ from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedCont
 from journal import RecordError
 from kvstate.ledger import Ledger
 from kvstate.violations import CODE_ORDER, Violation
-
-from .explain import describe, explain, lane
-from .report import lanes_table
-from .safe import literal, printable
-from .timeline import selector
-from .timetravel import TimeTravel
+from replay.explain import describe, explain, lane
+from replay.report import lanes_table
+from replay.safe import literal, printable
+from replay.timeline import selector
+from replay.timetravel import TimeTravel
 
 TABS = ("overview", "requests", "jobs", "blocks", "violations", "events")
 LEDGER_VIEWS = ("requests", "jobs", "blocks")

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import events as ev
-from .recorder import Recorder
-from .scheduler import SchedulerLedger
-from .worker import JobSpec, WorkerLedger
+from kvstate import events as ev
+from kvstate.recorder import Recorder
+from kvstate.scheduler import SchedulerLedger
+from kvstate.worker import JobSpec, WorkerLedger
 
 #: every old behaviour, by name (the bug zoo turns them all on)
 BUGS = frozenset(

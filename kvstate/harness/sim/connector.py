@@ -25,9 +25,10 @@ from collections.abc import Callable, Generator
 
 import attrs
 
-from .. import events as ev
-from ..scheduler import SchedulerLedger
-from ..worker import JobSpec, WorkerLedger
+from kvstate import events as ev
+from kvstate.scheduler import SchedulerLedger
+from kvstate.worker import JobSpec, WorkerLedger
+
 from . import store as st
 from .content import full_block_kv, short
 from .device import BlockMemory

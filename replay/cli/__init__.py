@@ -1,0 +1,46 @@
+"""The ``kvstate`` command line: one module per command.
+
+Each command module has ``add_parser(sub)`` and ``run(args)``. Building the
+parser imports only the light command modules; what a command needs beyond
+the core (the simulator, Mooncake, textual) is imported inside its ``run``,
+so ``kvstate replay`` never loads the simulator and ``import replay.cli``
+stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from ._common import EXIT_UNUSABLE, Parser, interrupted_status
+
+#: command name -> module, in the order ``kvstate --help`` lists them
+COMMANDS = ("replay", "timeline", "inspect", "export", "convert", "run", "demo", "zoo")
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="kvstate",
+        description="Journal, replay and check the lifecycle of KV-cache store jobs.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt as exc:
+        return interrupted_status(exc)
+    except BrokenPipeError:
+        # `kvstate replay ... | head`: the reader left; that is not an error.
+        sys.stderr.close()
+        return 0
+
+
+__all__ = ["COMMANDS", "EXIT_UNUSABLE", "build_parser", "main"]

@@ -1,0 +1,90 @@
+"""What every command shares: exit statuses, error lines, JSON output and
+signal handling.
+
+Exit statuses follow the contract: 0 clean, 1 at least one violation,
+2 unusable input (the message names the file and line or seq). No command
+prints a traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from journal import RecordError
+
+from ..safe import printable
+
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+else:
+    Subparsers = argparse._SubParsersAction
+
+EXIT_CLEAN = 0
+EXIT_VIOLATIONS = 1
+EXIT_UNUSABLE = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse exits 2 on bad arguments too; keep its usage line and our prefix."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_UNUSABLE, f"kvstate: error: {message}\n")
+
+
+def unusable(exc: Exception, *, as_json: bool) -> int:
+    """Report unusable input on one line (and as JSON with ``--json``); exit 2."""
+    message = printable(exc)
+    print(f"kvstate: error: {message}", file=sys.stderr)
+    if as_json:
+        out: dict[str, object] = {"verdict": "unusable", "error": str(exc)}
+        if isinstance(exc, RecordError):
+            out.update(
+                {k: v for k, v in (("file", exc.path), ("line", exc.line), ("seq", exc.seq)) if v}
+            )
+        print(to_json(out))
+    return EXIT_UNUSABLE
+
+
+def to_json(obj: object) -> str:
+    """Standard JSON for stdout: no NaN, and ASCII only, so no control character
+    from a journal string can reach a terminal raw."""
+    return json.dumps(obj, ensure_ascii=True, allow_nan=False)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, turned into an exception so cleanup runs as for Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def terminations_interrupt() -> Iterator[None]:
+    """While a long command runs, SIGTERM and SIGHUP unwind it like Ctrl-C: the
+    journal is flushed, temporary files are published or removed, and the
+    Mooncake master is stopped."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    saved = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        saved[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def interrupted_status(exc: KeyboardInterrupt) -> int:
+    """128 + the signal, as a shell reports a process ended by it."""
+    return 128 + (exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)

@@ -1,0 +1,50 @@
+"""``kvstate export``: a Perfetto trace or JSON Lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from journal import JournalError, atomic_output, write_jsonl
+from kvstate.codec import to_record
+
+from .. import export
+from ..sources import entries
+from ._common import (
+    EXIT_CLEAN,
+    Subparsers,
+    unusable,
+)
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "export",
+        help="export a journal as a Perfetto trace or as JSON Lines",
+        description="perfetto: Chrome trace-event JSON (a track per rank and one for the "
+        "scheduler, job/DMA/put spans, markers for preemptions and violations). "
+        "jsonl: the records as JSON Lines (merged and renumbered when several paths).",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--format", choices=("perfetto", "jsonl"), required=True)
+    p.add_argument("out", metavar="OUT", help="output file (refuses to overwrite)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        with atomic_output(args.out, force=args.force) as tmp:
+            if args.format == "perfetto":
+                trace = export.perfetto(args.paths)
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump(trace, f, ensure_ascii=False, allow_nan=False)
+                n = len(trace["traceEvents"])
+            else:
+                n = write_jsonl((to_record(e) for e in entries(args.paths)), tmp)
+    except (JournalError, OSError) as exc:
+        return unusable(exc, as_json=False)
+    unit = "trace events" if args.format == "perfetto" else "records"
+    hint = "; open it at ui.perfetto.dev" if args.format == "perfetto" else ""
+    print(f"wrote {n} {unit} to {args.out}{hint}")
+    return EXIT_CLEAN

@@ -1,0 +1,53 @@
+"""``kvstate inspect``: the terminal UI (``--once``: print the overview and exit)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from journal import JournalError, RecordError
+
+from ..report import report_console
+from ._common import (
+    EXIT_CLEAN,
+    EXIT_UNUSABLE,
+    Subparsers,
+    unusable,
+)
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="a terminal UI to travel through a journal (--once: print and exit)",
+        description="Requests, jobs, blocks, violations and events as of any seq. Keys: "
+        "left/right a record, PgUp/PgDn a step, g go to seq, n/p next/previous violation, "
+        "/ filter, Enter a row's timeline, ? help, q quit. The journal is opened read-only.",
+    )
+    p.add_argument("path", metavar="PATH", help="journal database or .jsonl file")
+    p.add_argument("--follow", action="store_true", help="tail a journal being written")
+    p.add_argument("--once", action="store_true", help="print the overview and violations")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The terminal UI, or with --once the overview and violations as text."""
+    path = args.path
+    if not os.path.exists(path):
+        return unusable(RecordError("no such file", path=path), as_json=False)
+    try:
+        from ..tui.inspector import Inspector, once
+
+        if args.once:
+            text, status = once(path)
+            report_console().print(text)
+            return status
+        app = Inspector(path, follow=args.follow)
+    except ImportError as exc:
+        print(f"kvstate: error: the inspector needs the 'tui' extra ({exc})", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except (JournalError, OSError) as exc:
+        return unusable(exc, as_json=False)
+    app.run()
+    return EXIT_CLEAN

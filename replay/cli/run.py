@@ -1,0 +1,185 @@
+"""``kvstate run``: the engine simulator on the ledgers, journaled and audited."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from journal import JournalError, atomic_output, refuse_existing
+
+from ..engine import replay
+from ..report import report_console, summary_line
+from ..safe import literal, printable
+from ._common import (
+    EXIT_UNUSABLE,
+    EXIT_VIOLATIONS,
+    Subparsers,
+    interrupted_status,
+    terminations_interrupt,
+    unusable,
+)
+from ._summary import summary_table
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run the engine simulator on the ledgers and journal it",
+        description="A vLLM-shaped engine (continuous batching, chunked prefill, preemption "
+        "under KV pressure, prefix caching) with a store connector on the ledgers, against "
+        "the in-memory store. Audits every stored key at the end. Exit status: the replay "
+        "verdict of the journal it wrote (0 clean, 1 violations).",
+    )
+    p.add_argument("--journal", default="run.db", help="journal database to write (run.db)")
+    p.add_argument("--force", action="store_true", help="replace the journal if it exists")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        help="stop after this many engine steps; the journal then has no engine_idle and "
+        "the command exits 2 (default: run until idle)",
+    )
+    p.add_argument(
+        "--stall-steps",
+        type=int,
+        default=None,
+        help="stop (exit 2) after this many steps in a row without progress",
+    )
+    p.add_argument(
+        "--faults",
+        metavar="SPEC",
+        help="inject faults: put-fail=R, no-space=R, evict=R, store-down@STEP, "
+        "thread-crash@STEP (comma separated)",
+    )
+    p.add_argument("--policy", choices=("kvstate", "legacy"), default="kvstate")
+    p.add_argument(
+        "--legacy-bugs",
+        metavar="LIST",
+        help="old behaviours for --policy legacy: 'all' or a comma list "
+        "(default: the connector before vLLM #52372)",
+    )
+    p.add_argument("--mode", choices=("deterministic", "threaded"), default="deterministic")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--requests", type=int, default=None)
+    p.add_argument("--prompt-len", type=int, default=None)
+    p.add_argument("--output-len", type=int, default=None)
+    p.add_argument("--shared-prefixes", type=int, default=None, help="distinct shared prefixes")
+    p.add_argument("--prefix-share", type=float, default=None, help="prompt fraction shared")
+    p.add_argument("--followups", type=float, default=None, help="fraction continuing a prompt")
+    p.add_argument("--blocks", type=int, default=None, help="device blocks in the pool")
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--world-size", type=int, default=None)
+    p.add_argument("--budget", type=int, default=None, help="tokens per engine step")
+    p.add_argument("--store-latency", type=float, default=None, help="mean ms per store call")
+    p.add_argument("--failure-rate", type=float, default=0.0, help="puts that fail")
+    p.add_argument("--abort-rate", type=float, default=0.0, help="per request per step")
+    p.add_argument("--save-decode-cache", action="store_true", help="also save decode blocks")
+    p.add_argument(
+        "--kv-role",
+        choices=("kv_producer", "kv_consumer"),
+        default="kv_producer",
+        help="a consumer saves only decode blocks, and only with --save-decode-cache",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the engine simulator, journal it, audit the store, print a summary.
+
+    The journal is written to a temporary file and renamed into place when
+    the run ends, also when it is interrupted (SIGINT, SIGTERM, SIGHUP): the
+    records so far are kept, and replay calls them UNFINISHED.
+    """
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from kvstate.harness.legacy import BUGS
+    from kvstate.harness.sim.faults import Faults
+    from kvstate.harness.sim.runtime import SimConfig, Simulation
+
+    bugs = tuple(sorted(BUGS)) if args.legacy_bugs == "all" else None
+    if args.legacy_bugs not in (None, "all"):
+        bugs = tuple(b.strip() for b in args.legacy_bugs.split(",") if b.strip())
+    try:
+        # Options left out take the simulator's own defaults (SimConfig).
+        given = {
+            "requests": args.requests,
+            "prompt_len": args.prompt_len,
+            "output_len": args.output_len,
+            "shared_prefixes": args.shared_prefixes,
+            "prefix_share": args.prefix_share,
+            "followups": args.followups,
+            "blocks": args.blocks,
+            "block_size": args.block_size,
+            "world_size": args.world_size,
+            "token_budget": args.budget,
+            "store_latency_ms": args.store_latency,
+            "stall_steps": args.stall_steps,
+            "legacy_bugs": bugs,
+        }
+        config = SimConfig(
+            failure_rate=args.failure_rate,
+            abort_rate=args.abort_rate,
+            save_decode_cache=args.save_decode_cache,
+            kv_role=args.kv_role,
+            seed=args.seed,
+            policy=args.policy,
+            mode=args.mode,
+            max_steps=args.max_steps,
+            faults=Faults.parse(args.faults),
+            **{name: value for name, value in given.items() if value is not None},
+        )
+        refuse_existing(args.journal, force=args.force)
+    except (ValueError, JournalError, OSError) as exc:
+        return unusable(exc, as_json=False)
+    console = report_console()
+    try:
+        with (
+            terminations_interrupt(),
+            atomic_output(args.journal, force=args.force, keep_on_interrupt=True) as tmp,
+        ):
+            sim = Simulation(config, journal=tmp)
+            try:
+                with Progress(
+                    TextColumn(f"[bold]{config.policy}[/] {config.mode}"),
+                    BarColumn(),
+                    TextColumn("{task.completed}/{task.total} requests · step {task.fields[step]}"),
+                    console=console,
+                    transient=True,
+                    disable=not console.is_terminal,
+                ) as bar:
+                    task = bar.add_task("run", total=config.requests, step=0)
+                    summary = sim.run(
+                        lambda s: bar.update(task, completed=s.finished, step=s.steps)
+                    )
+            finally:
+                sim.close()
+    except KeyboardInterrupt as exc:
+        print(
+            f"kvstate: interrupted; the records so far are in {args.journal} "
+            "(replay reports it UNFINISHED)",
+            file=sys.stderr,
+        )
+        return interrupted_status(exc)
+    except (JournalError, OSError) as exc:
+        return unusable(exc, as_json=False)
+    console.print(summary_table([summary]))
+    verdict = replay([args.journal])
+    console.print(summary_line(verdict))
+    console.print(
+        literal(f"journal: {args.journal}; explain it with: kvstate replay {args.journal}")
+    )
+    if summary.error is not None:
+        print(f"kvstate: error: the run crashed: {printable(summary.error)}", file=sys.stderr)
+        return EXIT_VIOLATIONS
+    if summary.stopped is not None:
+        why = {
+            "max-steps": f"it reached --max-steps {config.max_steps}",
+            "stalled": f"it made no progress for {config.stall_steps} steps",
+        }.get(summary.stopped, summary.stopped)
+        print(
+            f"kvstate: error: the run stopped before the engine was idle: {why}; "
+            f"{summary.finished} of {summary.requests} requests finished, and the journal "
+            "records no engine_idle",
+            file=sys.stderr,
+        )
+        return EXIT_UNUSABLE
+    return verdict.exit_status
