@@ -13,7 +13,6 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 
 import msgpack
-import sqlite_utils
 
 from .errors import JournalError
 
@@ -46,6 +45,8 @@ def register_functions(conn: sqlite3.Connection) -> None:
 
 def create(conn: sqlite3.Connection) -> None:
     """Create the schema in an empty database (idempotent)."""
+    import sqlite_utils  # only writers need it; it pulls in numpy when installed
+
     db = sqlite_utils.Database(conn)
     if TABLE not in db.table_names():
         db[TABLE].create(
@@ -96,6 +97,8 @@ def create_views(conn: sqlite3.Connection, kinds: Mapping[str, Sequence[str]]) -
     every connection the journal opens, and by the sqlite-utils plugin this
     package installs, so ``sqlite-utils query`` can read them too.
     """
+    import sqlite_utils
+
     db = sqlite_utils.Database(conn)
     for kind, fields in kinds.items():
         if not _KIND_NAME.match(kind) or kind in (TABLE, "schema_version"):

@@ -1,0 +1,121 @@
+"""Imports point one way: journal <- kvstate core <- replay <- {tui, harness, cli}.
+
+Every import in every module (at the top or inside a function) is resolved
+and checked against its layer, so an import pointing the wrong way fails
+here, not in a user's process that happened not to load torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: layer -> the layers it may import from (its own included)
+ALLOWED = {
+    "journal": {"journal"},
+    "core": {"journal", "core"},
+    "replay": {"journal", "core", "replay"},
+    "tui": {"journal", "core", "replay", "tui"},
+    "harness": {"journal", "core", "replay", "harness"},
+    "cli": {"journal", "core", "replay", "tui", "harness", "cli"},
+}
+#: third-party packages the core and the journal must never import
+HEAVY = {"torch", "textual", "mooncake", "numpy", "rich", "vllm"}
+
+
+def layer(module: str) -> str | None:
+    top = module.split(".")[0]
+    if top == "journal":
+        return "journal"
+    if module.startswith(("kvstate.harness", "kvstate.vllm")):
+        return "harness"
+    if top == "kvstate":
+        return "core"
+    if module.startswith(("replay.cli", "replay.__main__")):
+        return "cli"
+    if module.startswith("replay.tui"):
+        return "tui"
+    if top == "replay":
+        return "replay"
+    return None
+
+
+def modules() -> list[tuple[str, Path]]:
+    found = []
+    for package in ("journal", "kvstate", "replay"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found.append((".".join(parts), path))
+    return found
+
+
+def imports(module: str, path: Path) -> list[tuple[str, int]]:
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            if not node.module:  # from . import x: x may be a module
+                out += [(f"{name}.{alias.name}", node.lineno) for alias in node.names]
+            else:
+                out.append((name, node.lineno))
+    return out
+
+
+@pytest.mark.parametrize(("module", "path"), modules(), ids=[m for m, _ in modules()])
+def test_imports_point_one_way(module: str, path: Path) -> None:
+    mine = layer(module)
+    assert mine is not None
+    wrong = []
+    for name, line in imports(module, path):
+        theirs = layer(name)
+        if theirs is not None and theirs not in ALLOWED[mine]:
+            wrong.append(f"{path.relative_to(ROOT)}:{line} ({mine}) imports {name} ({theirs})")
+        if mine in ("journal", "core") and name.split(".")[0] in HEAVY:
+            wrong.append(f"{path.relative_to(ROOT)}:{line} ({mine}) imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def loaded_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print('\\n'.join(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return set(done.stdout.split())
+
+
+def test_import_kvstate_stays_light() -> None:
+    loaded = loaded_after("import kvstate")
+    heavy = {m for m in loaded if m.split(".")[0] in HEAVY}
+    harness = {m for m in loaded if m.startswith(("kvstate.harness", "replay"))}
+    assert not heavy and not harness, sorted(heavy | harness)
+
+
+def test_the_command_line_loads_no_simulator_until_asked() -> None:
+    loaded = loaded_after("import replay.cli; replay.cli.build_parser()")
+    assert not {m for m in loaded if m.startswith("kvstate.harness")}
+    assert not {m for m in loaded if m.split(".")[0] in {"torch", "textual", "mooncake"}}
+
+
+def test_the_layer_test_catches_a_wrong_import(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("from kvstate.harness.sim import engine\nfrom replay import report\n")
+    found = [layer(name) for name, _ in imports("kvstate.ledger", bad)]
+    assert found == ["harness", "replay"]
+    assert not {"harness", "replay"} <= ALLOWED["core"]
