@@ -153,6 +153,14 @@ class SchedulerLedger:
             )
         )
 
+    def holds_blocks(self, req: str, gen: int | None = None) -> bool:
+        """Whether a ``hold`` finish of ``req`` keeps blocks (of ``gen``, or of any generation)."""
+        incarnations = self._request(req, "holds_blocks").incarnations
+        if gen is not None:
+            inc = incarnations.get(gen)
+            return inc is not None and inc.held
+        return any(inc.held for inc in incarnations.values())
+
     def table(self, req: str) -> list[int]:
         """The current block table of ``req``'s newest generation."""
         return list(self._request(req, "table").current.table)
@@ -244,6 +252,11 @@ class SchedulerLedger:
         """Every rank has finished saving ``req``. Nothing to do here: jobs hold
         their own pins, so no block waits for this signal (the legacy policy
         frees its delayed blocks at this point)."""
+
+    @property
+    def pinned_jobs(self) -> int:
+        """How many jobs still pin blocks."""
+        return len(self.ledger.pinned)
 
     def has_pending_push_work(self) -> bool:
         """True while a job still pins blocks.

@@ -125,37 +125,137 @@ class InvariantViolation(Exception):
         super().__init__(f"{violation.code.value} at seq {violation.seq}: {violation.message}")
 
 
-def _exception(code: Code) -> type[InvariantViolation]:
-    name = "".join(part.title() for part in code.value.split("_")) + "Error"
-    return type(name, (InvariantViolation,), {"code": code, "__module__": __name__})
+# One class per code, so a connector can catch exactly the breach it expects.
 
 
-StaleGenerationError = _exception(Code.STALE_GENERATION)
-PoisonedReadError = _exception(Code.POISONED_READ)
-ForeignBlockReadError = _exception(Code.FOREIGN_BLOCK_READ)
-TableOverrunError = _exception(Code.TABLE_OVERRUN)
-DoubleReportError = _exception(Code.DOUBLE_REPORT)
-PhantomCompletionError = _exception(Code.PHANTOM_COMPLETION)
-EarlyReleaseError = _exception(Code.EARLY_RELEASE)
-PinMismatchError = _exception(Code.PIN_MISMATCH)
-RefcountUnderflowError = _exception(Code.REFCOUNT_UNDERFLOW)
-PrematureRetireError = _exception(Code.PREMATURE_RETIRE)
-OffsetRewoundError = _exception(Code.OFFSET_REWOUND)
-ParentChainBrokenError = _exception(Code.PARENT_CHAIN_BROKEN)
-IdReusedError = _exception(Code.ID_REUSED)
-LeakedPinError = _exception(Code.LEAKED_PIN)
-MissingReportError = _exception(Code.MISSING_REPORT)
-HeldForeverError = _exception(Code.HELD_FOREVER)
-PoisonedKeyError = _exception(Code.POISONED_KEY)
-WrongKvLoadedError = _exception(Code.WRONG_KV_LOADED)
-CrashError = _exception(Code.CRASH)
-UnledgeredJobError = _exception(Code.UNLEDGERED_JOB)
-CausalityError = _exception(Code.CAUSALITY)
+class StaleGenerationError(InvariantViolation):
+    """An effect came from a job whose generation is over on that rank."""
+
+    code = Code.STALE_GENERATION
+
+
+class PoisonedReadError(InvariantViolation):
+    """A transfer read a block after it was handed to someone else."""
+
+    code = Code.POISONED_READ
+
+
+class ForeignBlockReadError(InvariantViolation):
+    """A job would read a block that is neither in its table nor pinned by it."""
+
+    code = Code.FOREIGN_BLOCK_READ
+
+
+class TableOverrunError(InvariantViolation):
+    """A job saves more tokens than the request's block table holds."""
+
+    code = Code.TABLE_OVERRUN
+
+
+class DoubleReportError(InvariantViolation):
+    """A rank reported one job twice."""
+
+    code = Code.DOUBLE_REPORT
+
+
+class PhantomCompletionError(InvariantViolation):
+    """More completions were received than ranks reported."""
+
+    code = Code.PHANTOM_COMPLETION
+
+
+class EarlyReleaseError(InvariantViolation):
+    """A job's pins were released before every rank reported it."""
+
+    code = Code.EARLY_RELEASE
+
+
+class PinMismatchError(InvariantViolation):
+    """A release names other blocks than the job pinned, or releases twice."""
+
+    code = Code.PIN_MISMATCH
+
+
+class RefcountUnderflowError(InvariantViolation):
+    """A block was dropped by more holders than it had."""
+
+    code = Code.REFCOUNT_UNDERFLOW
+
+
+class PrematureRetireError(InvariantViolation):
+    """A request was retired while one of its jobs was unreported."""
+
+    code = Code.PREMATURE_RETIRE
+
+
+class OffsetRewoundError(InvariantViolation):
+    """A rank's saved offset went backwards."""
+
+    code = Code.OFFSET_REWOUND
+
+
+class ParentChainBrokenError(InvariantViolation):
+    """A KV event named a parent other than the hash chain's."""
+
+    code = Code.PARENT_CHAIN_BROKEN
+
+
+class IdReusedError(InvariantViolation):
+    """A job id or a generation was not greater than an earlier one."""
+
+    code = Code.ID_REUSED
+
+
+class LeakedPinError(InvariantViolation):
+    """At idle, a job still pins blocks."""
+
+    code = Code.LEAKED_PIN
+
+
+class MissingReportError(InvariantViolation):
+    """At idle, a rank never received or never reported a job."""
+
+    code = Code.MISSING_REPORT
+
+
+class HeldForeverError(InvariantViolation):
+    """At idle, a hold finish was never released."""
+
+    code = Code.HELD_FOREVER
+
+
+class PoisonedKeyError(InvariantViolation):
+    """A stored key holds KV that is not its tokens' KV."""
+
+    code = Code.POISONED_KEY
+
+
+class WrongKvLoadedError(InvariantViolation):
+    """A load returned KV that is not what the key names."""
+
+    code = Code.WRONG_KV_LOADED
+
+
+class CrashError(InvariantViolation):
+    """The engine crashed."""
+
+    code = Code.CRASH
+
+
+class UnledgeredJobError(InvariantViolation):
+    """A rank ran a job before registering it."""
+
+    code = Code.UNLEDGERED_JOB
+
+
+class CausalityError(InvariantViolation):
+    """A record names a job or incarnation that does not exist (yet)."""
+
+    code = Code.CAUSALITY
+
 
 EXCEPTIONS: dict[Code, type[InvariantViolation]] = {
-    cls.code: cls  # type: ignore[misc]
-    for cls in InvariantViolation.__subclasses__()
-    if cls.code is not None
+    cls.code: cls for cls in InvariantViolation.__subclasses__() if cls.code is not None
 }
 
 

@@ -109,13 +109,51 @@ class WorkerLedger:
         """Declare every save of ``(req, gen)`` done, if none is still outstanding here.
 
         Returns False (and records nothing) while a job of that incarnation
-        has not been reported; the caller retries on a later step.
+        has not been reported; the caller retries on a later step. For a
+        generation that a newer one has superseded on this rank it returns
+        True and records nothing: the id belongs to the newer generation now,
+        and retiring the old one would be a stale effect on it.
         """
         with self._lock:
+            if self._superseded(req, gen):
+                return True
             if self.state.pending_jobs(req, gen):
                 return False
             self._emit(ev.RequestRetired(req=req, gen=gen, rank=self.rank))
             return True
+
+    def _superseded(self, req: str, gen: int) -> bool:
+        newest = self.newest_gen(req)
+        return newest is not None and newest > gen
+
+    # -- what a connector reads (functions of the folded state) ------------------------
+
+    def newest_gen(self, req: str) -> int | None:
+        """The newest generation of ``req`` this rank has seen, or None."""
+        with self._lock:
+            state = self.state.requests.get(req)
+            return None if state is None else state.gen
+
+    def saved_offset(self, req: str, gen: int) -> int:
+        """Tokens this rank has saved for ``(req, gen)``: where its next job resumes.
+
+        0 when the rank's state for ``req`` belongs to another generation, or
+        was dropped when the generation was preempted or finished.
+        """
+        with self._lock:
+            state = self.state.requests.get(req)
+            return state.saved_offset if state is not None and state.gen == gen else 0
+
+    def has_retry_tokens(self, req: str, gen: int) -> bool:
+        """Whether this rank keeps a token suffix of ``(req, gen)`` for a KV-event retry."""
+        with self._lock:
+            state = self.state.requests.get(req)
+            return state is not None and state.gen == gen and state.retry_tokens is not None
+
+    @property
+    def jobs_received(self) -> int:
+        """How many jobs this rank has registered so far."""
+        return len(self.state.jobs)
 
     # -- running a job -----------------------------------------------------------------
 

@@ -120,3 +120,52 @@ def test_an_exception_in_the_body_reports_once_and_propagates() -> None:
     kinds = [e.event.kind for e in (rec.entries or [])]
     assert kinds[-3:] == ["dma_started", "job_skipped", "job_reported"]
     assert kinds.count("job_reported") == 1
+
+
+def test_retiring_a_superseded_generation_is_a_harmless_no_op() -> None:
+    rec, sched, worker = make()
+    sched.admit("r", 4)
+    sched.assign_blocks("r", [0], resumed=False)
+    sched.preempt("r")
+    worker.preemption_seen("r", 0)
+    sched.resume("r")
+    sched.assign_blocks("r", [1], resumed=True)
+    job = sched.enqueue_store_job("r", 0, 4, ["k"])
+    worker.register(JobSpec(job, "r", 1, ("k",)))  # the rank now knows generation 1
+    before = rec.recorded
+    assert worker.retire("r", 0) is True
+    assert rec.recorded == before  # nothing recorded: no stale effect on generation 1
+    assert worker.retire("r", 1) is False  # job of generation 1 not reported yet
+
+
+def test_accessors_read_the_folded_state() -> None:
+    _rec, sched, worker = make()
+    sched.admit("r", 8)
+    sched.assign_blocks("r", [0, 1], resumed=False)
+    job = sched.enqueue_store_job("r", 0, 8, ["a", "b"])
+    worker.register(JobSpec(job, "r", 0, ("a", "b")))
+    assert worker.newest_gen("r") == 0 and worker.newest_gen("nobody") is None
+    with worker.run(job) as run:
+        run.put_failed("TRANSFER_FAIL")
+        run.set_retry_tokens(0, 8)
+    assert worker.has_retry_tokens("r", 0) and not worker.has_retry_tokens("r", 1)
+    assert worker.saved_offset("r", 0) == 0 and worker.jobs_received == 1
+    sched.update_connector_output(worker.take_completed())
+    sched.release_ready()
+    assert sched.pinned_jobs == 0
+    sched.request_finished("r", hold=True)
+    assert sched.holds_blocks("r") and sched.holds_blocks("r", 0)
+    sched.release_held("r")
+    assert not sched.holds_blocks("r")
+
+
+def test_every_code_has_its_exported_exception_class() -> None:
+    import kvstate
+    from kvstate.violations import EXCEPTIONS, WARNING_CODES
+
+    for code in Code:
+        if code in WARNING_CODES:
+            continue
+        cls = EXCEPTIONS[code]
+        assert getattr(kvstate, cls.__name__) is cls and cls.code is code
+        assert cls.__module__ == "kvstate.violations" and cls.__doc__

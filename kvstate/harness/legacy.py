@@ -177,6 +177,8 @@ class LegacyWorkerLedger(WorkerLedger):
         if "req-id-counter" not in self.bugs:
             return super().retire(req, gen)
         with self._lock:
+            if self._superseded(req, gen):
+                return True
             if self._count.get(req, 0) > 0:
                 return False
             self._count.pop(req, None)

@@ -130,20 +130,13 @@ class Stage:
         self.sched.update_connector_output(done)
         self.sched.release_ready()
         for req, gen in list(self.finishing):
-            retired = [self._retire(w, req, gen) for w in self.workers]
+            retired = [w.retire(req, gen) for w in self.workers]
             if all(retired):
                 self.finishing.remove((req, gen))
                 self.sched.finished_sending(req)
         step = self.sched.begin_step()
         for worker in self.workers:
             worker.begin_step(step)
-
-    @staticmethod
-    def _retire(worker, req: str, gen: int) -> bool:  # type: ignore[no-untyped-def]
-        state = worker.state.requests.get(req)
-        if state is not None and state.gen > gen:
-            return True  # a newer generation owns the id on this rank
-        return worker.retire(req, gen)
 
     # -- the ranks --------------------------------------------------------------------
 

@@ -269,13 +269,11 @@ class StoreConnectorScheduler:
         self.ledger.request_finished(request.req_id, aborted=request.aborted)
         self._trackers.pop(request.req_id, None)
         self._finished.append((request.req_id, request.gen))
-        incarnation = self.ledger.ledger.requests[request.req_id].incarnations[request.gen]
-        return incarnation.held
+        return self.ledger.holds_blocks(request.req_id, request.gen)
 
     def finished_sending(self, req: str) -> bool:
         """Every rank retired ``req``; returns True if blocks held for it may be freed now."""
-        request = self.ledger.ledger.requests.get(req)
-        held = request is not None and any(i.held for i in request.incarnations.values())
+        held = self.ledger.holds_blocks(req)
         self.ledger.finished_sending(req)
         return held
 
@@ -328,8 +326,7 @@ class StoreConnectorWorker:
         """Finished incarnations whose saves are all done on this rank (retired now)."""
         done = set()
         for req, gen in sorted(self.finishing):
-            state = self.ledger.state.requests.get(req)
-            if (state is not None and state.gen > gen) or self.ledger.retire(req, gen):
+            if self.ledger.retire(req, gen):  # a superseded generation retires as a no-op
                 done.add((req, gen))
         self.finishing -= done
         return done
@@ -353,8 +350,7 @@ class StoreConnectorWorker:
                 raise InjectedCrash(f"injected crash in rank {self.rank}'s sending thread")
             # Resume from this rank's own saved offset: it may lag the
             # scheduler's view, which is why the job pins the whole table.
-            state = ledger.state.requests.get(job.req)
-            start = state.saved_offset if state is not None and state.gen == job.gen else 0
+            start = ledger.saved_offset(job.req, job.gen)
             first, last = start // bs, job.token_end // bs
             if first >= last:
                 run.skip("empty")
@@ -398,5 +394,5 @@ class StoreConnectorWorker:
             run.put_done(stored=len(missing), existed=len(keys) - len(missing))
             run.publish_kv_events([job.keys[first + i] for i in missing])
             run.save_offset(job.token_end)
-            if state is not None and state.retry_tokens is not None:
+            if ledger.has_retry_tokens(job.req, job.gen):
                 run.clear_retry_tokens()

@@ -387,8 +387,8 @@ class Simulation:
             mark = (
                 self.engine.tokens_computed,
                 self.summary.finished,
-                sum(len(w.ledger.state.jobs) for w in self.workers),
-                len(self.sched_ledger.ledger.pinned),
+                sum(w.ledger.jobs_received for w in self.workers),
+                self.sched_ledger.pinned_jobs,
             )
             if mark != last[0]:
                 last[0], last[1] = mark, 0
