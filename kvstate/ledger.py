@@ -32,7 +32,7 @@ from .state import (
     RequestState,
     StoreJobState,
 )
-from .violations import Code, Violation, chain_of
+from .violations import Code, Violation, chain_of, finding
 
 Out = list[Violation]
 
@@ -115,13 +115,8 @@ class Ledger:
         self.last_seq, self.last_kind = seq, event.kind
         if event.side == ev.SIDE_SCHEDULER:
             if step < self.step:
-                out.append(
-                    Violation(
-                        Code.STEP_REGRESSED,
-                        seq,
-                        f"scheduler step went back from {self.step} to {step}",
-                    )
-                )
+                why = f"scheduler step went back from {self.step} to {step}"
+                out.append(finding(Code.STEP_REGRESSED, seq, why))
             else:
                 self.step = step
         if event.side == ev.SIDE_WORKER:
@@ -149,7 +144,7 @@ class Ledger:
         if self.last_kind in ("engine_idle", "engine_crashed") or self.last_seq is None:
             return []
         return [
-            Violation(
+            finding(
                 Code.UNFINISHED,
                 self.last_seq,
                 f"the journal ends at seq {self.last_seq} ({self.last_kind}) without "
@@ -179,15 +174,8 @@ class Ledger:
     def _drop(self, block: int, seq: int, out: Out, why: str) -> None:
         state = self._block(block)
         if state.refs == 0:
-            out.append(
-                Violation(
-                    Code.REFCOUNT_UNDERFLOW,
-                    seq,
-                    f"{why} drops block {block}, which has no holder left",
-                    chain_of(state.freed_seq),
-                    block=block,
-                )
-            )
+            why = f"{why} drops block {block}, which has no holder left"
+            out.append(finding(Code.REFCOUNT_UNDERFLOW, seq, why, state.freed_seq, block=block))
             return
         state.refs -= 1
         if state.refs == 0:
@@ -199,15 +187,8 @@ class Ledger:
         request = self.requests.get(req)
         inc = request.incarnations.get(gen) if request is not None else None
         if inc is None:
-            out.append(
-                Violation(
-                    Code.CAUSALITY,
-                    seq,
-                    f"{kind} names {req}/{gen}, which was never admitted or resumed",
-                    req=req,
-                    gen=gen,
-                )
-            )
+            why = f"{kind} names {req}/{gen}, which was never admitted or resumed"
+            out.append(finding(Code.CAUSALITY, seq, why, req=req, gen=gen))
         return inc
 
     def _new_generation(self, seq: int, kind: str, req: str, gen: int, out: Out) -> Incarnation:
@@ -215,17 +196,11 @@ class Ledger:
         if request is None:
             request = self.requests[req] = RequestState(req, gen, seq)
         elif gen <= request.newest_gen:
-            out.append(
-                Violation(
-                    Code.ID_REUSED,
-                    seq,
-                    f"{kind} gives {req} generation {gen}, not greater than its "
-                    f"generation {request.newest_gen}",
-                    chain_of(request.newest_seq),
-                    req=req,
-                    gen=gen,
-                )
+            why = (
+                f"{kind} gives {req} generation {gen}, not greater than its "
+                f"generation {request.newest_gen}"
             )
+            out.append(finding(Code.ID_REUSED, seq, why, request.newest_seq, req=req, gen=gen))
         else:
             request.newest_gen, request.newest_seq = gen, seq
         inc = Incarnation(req, gen, seq)
@@ -243,15 +218,8 @@ class Ledger:
 
     def _on_resumed(self, seq: int, event: ev.RequestResumed, out: Out) -> None:
         if event.req not in self.requests:
-            out.append(
-                Violation(
-                    Code.CAUSALITY,
-                    seq,
-                    f"request_resumed for {event.req}, which was never admitted",
-                    req=event.req,
-                    gen=event.gen,
-                )
-            )
+            why = f"request_resumed for {event.req}, which was never admitted"
+            out.append(finding(Code.CAUSALITY, seq, why, req=event.req, gen=event.gen))
         self._new_generation(seq, event.kind, event.req, event.gen, out)
 
     def _on_blocks_assigned(self, seq: int, event: ev.BlocksAssigned, out: Out) -> None:
@@ -302,15 +270,9 @@ class Ledger:
         if inc is None:
             return
         if not inc.held:
+            why = f"held_blocks_released for {inc.name}, which holds no blocks"
             out.append(
-                Violation(
-                    Code.NOTHING_HELD,
-                    seq,
-                    f"held_blocks_released for {inc.name}, which holds no blocks",
-                    chain_of(inc.ended_seq),
-                    req=event.req,
-                    gen=event.gen,
-                )
+                finding(Code.NOTHING_HELD, seq, why, inc.ended_seq, req=event.req, gen=event.gen)
             )
             return
         self._drop_table(seq, inc, out, f"releasing the held blocks of {inc.name}")
@@ -321,15 +283,15 @@ class Ledger:
     def _on_job_enqueued(self, seq: int, event: ev.JobEnqueued, out: Out) -> None:
         if self.last_job is not None and event.job <= self.last_job:
             earlier = self.jobs.get(event.job)
+            why = f"job id {event.job} is not greater than the earlier job id {self.last_job}"
             out.append(
-                Violation(
+                finding(
                     Code.ID_REUSED,
                     seq,
-                    f"job id {event.job} is not greater than the earlier job id {self.last_job}",
-                    chain_of(self.last_job_seq, earlier.enqueued_seq if earlier else None),
-                    job=event.job,
-                    req=event.req,
-                    gen=event.gen,
+                    why,
+                    self.last_job_seq,
+                    earlier.enqueued_seq if earlier else None,
+                    of=event,
                 )
             )
         else:
@@ -367,45 +329,34 @@ class Ledger:
         for block in event.reads:
             if block not in table and block not in pins:
                 state = self.blocks.get(block)
+                why = (
+                    f"job {event.job} of {inc.name} would read block {block}, which is "
+                    "neither in the request's table nor pinned by the job"
+                )
                 out.append(
-                    Violation(
+                    finding(
                         Code.FOREIGN_BLOCK_READ,
                         seq,
-                        f"job {event.job} of {inc.name} would read block {block}, which is "
-                        "neither in the request's table nor pinned by the job",
-                        chain_of(inc.table_seq, state.freed_seq if state else None),
-                        job=event.job,
-                        req=event.req,
-                        gen=event.gen,
+                        why,
+                        inc.table_seq,
+                        state.freed_seq if state else None,
+                        of=event,
                         block=block,
                     )
                 )
         capacity = len(inc.table) * self.block_size
         if event.token_end > capacity:
-            out.append(
-                Violation(
-                    Code.TABLE_OVERRUN,
-                    seq,
-                    f"job {event.job} saves tokens up to {event.token_end}, but the table of "
-                    f"{inc.name} has {len(inc.table)} blocks ({capacity} tokens)",
-                    chain_of(inc.table_seq),
-                    job=event.job,
-                    req=event.req,
-                    gen=event.gen,
-                )
+            why = (
+                f"job {event.job} saves tokens up to {event.token_end}, but the table of "
+                f"{inc.name} has {len(inc.table)} blocks ({capacity} tokens)"
             )
+            out.append(finding(Code.TABLE_OVERRUN, seq, why, inc.table_seq, of=event))
 
     def _job(self, seq: int, kind: str, job: int, out: Out) -> StoreJobState | None:
         state = self.jobs.get(job)
         if state is None:
-            out.append(
-                Violation(
-                    Code.CAUSALITY,
-                    seq,
-                    f"{kind} names job {job}, which was never enqueued",
-                    job=job,
-                )
-            )
+            why = f"{kind} names job {job}, which was never enqueued"
+            out.append(finding(Code.CAUSALITY, seq, why, job=job))
         return state
 
     def _on_completions(self, seq: int, event: ev.CompletionsReceived, out: Out) -> None:
@@ -422,15 +373,15 @@ class Ledger:
             problem = f"the world has only {job.world_size} rank(s)"
         else:
             return
+        why = f"{job.completions} completion(s) received for job {job.job}, but {problem}"
         out.append(
-            Violation(
+            finding(
                 Code.PHANTOM_COMPLETION,
                 seq,
-                f"{job.completions} completion(s) received for job {job.job}, but {problem}",
-                chain_of(*chain, *(rj.reported_seq for rj in job.ranks.values())),
-                job=job.job,
-                req=job.req,
-                gen=job.gen,
+                why,
+                *chain,
+                *(rj.reported_seq for rj in job.ranks.values()),
+                of=job,
             )
         )
 
@@ -438,51 +389,31 @@ class Ledger:
         job = self._job(seq, event.kind, event.job, out)
         if job is None:
             return
-        entities = {"job": job.job, "req": job.req, "gen": job.gen}
         if job.released_seq is not None:
+            why = f"job {job.job} released a second time"
             out.append(
-                Violation(
-                    Code.PIN_MISMATCH,
-                    seq,
-                    f"job {job.job} released a second time",
-                    chain_of(job.enqueued_seq, job.released_seq),
-                    **entities,
-                )
+                finding(Code.PIN_MISMATCH, seq, why, job.enqueued_seq, job.released_seq, of=job)
             )
             return
         if job.completions < job.world_size:
+            why = (
+                f"job {job.job}'s pins released after {job.completions} of "
+                f"{job.world_size} completions: a rank may still be reading them"
+            )
             out.append(
-                Violation(
-                    Code.EARLY_RELEASE,
-                    seq,
-                    f"job {job.job}'s pins released after {job.completions} of "
-                    f"{job.world_size} completions: a rank may still be reading them",
-                    chain_of(job.enqueued_seq, *job.completion_seqs),
-                    **entities,
+                finding(
+                    Code.EARLY_RELEASE, seq, why, job.enqueued_seq, *job.completion_seqs, of=job
                 )
             )
         if Counter(event.blocks) != Counter(job.pins):
-            out.append(
-                Violation(
-                    Code.PIN_MISMATCH,
-                    seq,
-                    f"job {job.job} releases blocks {list(event.blocks)} but pinned "
-                    f"{list(job.pins)}",
-                    chain_of(job.enqueued_seq),
-                    **entities,
-                )
-            )
+            why = f"job {job.job} releases blocks {list(event.blocks)} but pinned {list(job.pins)}"
+            out.append(finding(Code.PIN_MISMATCH, seq, why, job.enqueued_seq, of=job))
         elif list(event.blocks) != list(reversed(job.pins)):
-            out.append(
-                Violation(
-                    Code.RELEASE_ORDER,
-                    seq,
-                    f"job {job.job} frees {list(event.blocks)}, not tail first "
-                    f"{list(reversed(job.pins))}",
-                    chain_of(job.enqueued_seq),
-                    **entities,
-                )
+            why = (
+                f"job {job.job} frees {list(event.blocks)}, not tail first "
+                f"{list(reversed(job.pins))}"
             )
+            out.append(finding(Code.RELEASE_ORDER, seq, why, job.enqueued_seq, of=job))
         for block in event.blocks:
             self._drop(block, seq, out, f"releasing job {job.job}'s pins")
         job.released_seq = seq
@@ -504,16 +435,12 @@ class Ledger:
             if job is None:
                 return
             if event.rank >= job.world_size:
+                why = (
+                    f"{event.kind} from rank {event.rank}, outside job {job_id}'s world "
+                    f"of {job.world_size} rank(s)"
+                )
                 out.append(
-                    Violation(
-                        Code.CAUSALITY,
-                        seq,
-                        f"{event.kind} from rank {event.rank}, outside job {job_id}'s world "
-                        f"of {job.world_size} rank(s)",
-                        chain_of(job.enqueued_seq),
-                        job=job_id,
-                        rank=event.rank,
-                    )
+                    finding(Code.CAUSALITY, seq, why, job.enqueued_seq, job=job_id, rank=event.rank)
                 )
                 return
         elif self._incarnation(seq, event.kind, event.req, event.gen, out) is None:
@@ -538,17 +465,20 @@ class Ledger:
             self._reported_once.add(key)
             holder = f" and handed to {state.epoch_holder}" if state.epoch_holder else ""
             freed = f"freed at seq {state.prior_free_seq}" if state.prior_free_seq else "reassigned"
+            why = (
+                f"job {job.job} of {job.req}/{job.gen} read block {block} on rank "
+                f"{event.rank} at epoch {state.epoch}, but enqueued it at epoch {epoch}: "
+                f"the block was {freed}{holder} at seq {state.epoch_seq}"
+            )
             out.append(
-                Violation(
+                finding(
                     Code.POISONED_READ,
                     seq,
-                    f"job {job.job} of {job.req}/{job.gen} read block {block} on rank "
-                    f"{event.rank} at epoch {state.epoch}, but enqueued it at epoch {epoch}: "
-                    f"the block was {freed}{holder} at seq {state.epoch_seq}",
-                    chain_of(job.enqueued_seq, state.prior_free_seq, state.epoch_seq),
-                    job=job.job,
-                    req=job.req,
-                    gen=job.gen,
+                    why,
+                    job.enqueued_seq,
+                    state.prior_free_seq,
+                    state.epoch_seq,
+                    of=job,
                     rank=event.rank,
                     block=block,
                 )
@@ -558,21 +488,20 @@ class Ledger:
 
     def _on_crashed(self, seq: int, event: ev.EngineCrashed, out: Out) -> None:
         self.crashes.append(seq)
-        out.append(Violation(Code.CRASH, seq, f"engine crashed: {event.error}"))
+        why = f"engine crashed: {event.error}"
+        out.append(finding(Code.CRASH, seq, why))
 
     def _on_idle(self, seq: int, event: ev.EngineIdle, out: Out) -> None:
         """Quiescence: nothing may be outstanding. Each finding is reported once."""
         for job in self.jobs.values():
-            entities = {"job": job.job, "req": job.req, "gen": job.gen}
             if job.job in self.pinned and self._first(Code.LEAKED_PIN, job.job):
+                why = (
+                    f"engine idle while job {job.job} still pins {list(job.pins)} "
+                    f"({job.completions} of {job.world_size} completions received)"
+                )
                 out.append(
-                    Violation(
-                        Code.LEAKED_PIN,
-                        seq,
-                        f"engine idle while job {job.job} still pins {list(job.pins)} "
-                        f"({job.completions} of {job.world_size} completions received)",
-                        chain_of(job.enqueued_seq, *job.completion_seqs),
-                        **entities,
+                    finding(
+                        Code.LEAKED_PIN, seq, why, job.enqueued_seq, *job.completion_seqs, of=job
                     )
                 )
             if not self.observes_workers:
@@ -585,43 +514,39 @@ class Ledger:
                     Code.MISSING_REPORT, (job.job, rank)
                 ):
                     continue
+                why = (
+                    f"engine idle, and rank {rank} received job {job.job} but never "
+                    f"reported it (last phase: {rj.phase})"
+                )
                 out.append(
-                    Violation(
+                    finding(
                         Code.MISSING_REPORT,
                         seq,
-                        f"engine idle, and rank {rank} received job {job.job} but never "
-                        f"reported it (last phase: {rj.phase})",
-                        chain_of(job.enqueued_seq, rj.received_seq),
+                        why,
+                        job.enqueued_seq,
+                        rj.received_seq,
                         rank=rank,
-                        **entities,
+                        of=job,
                     )
                 )
             absent = job.world_size - len(job.ranks)
             if absent > 0 and self._first(Code.MISSING_REPORT, (job.job, None)):
                 first = next(r for r in range(job.world_size) if r not in job.ranks)
                 which = f"rank {first}" if absent == 1 else f"{absent} ranks (first: rank {first})"
+                why = f"engine idle, and {which} never received job {job.job}"
                 out.append(
-                    Violation(
-                        Code.MISSING_REPORT,
-                        seq,
-                        f"engine idle, and {which} never received job {job.job}",
-                        chain_of(job.enqueued_seq),
-                        rank=first,
-                        **entities,
-                    )
+                    finding(Code.MISSING_REPORT, seq, why, job.enqueued_seq, rank=first, of=job)
                 )
         for request in self.requests.values():
             for inc in request.incarnations.values():
                 if inc.held and self._first(Code.HELD_FOREVER, (inc.req, inc.gen)):
+                    why = (
+                        f"engine idle while {inc.name} still holds blocks {inc.table} "
+                        "from a hold finish"
+                    )
                     out.append(
-                        Violation(
-                            Code.HELD_FOREVER,
-                            seq,
-                            f"engine idle while {inc.name} still holds blocks {inc.table} "
-                            "from a hold finish",
-                            chain_of(inc.ended_seq),
-                            req=inc.req,
-                            gen=inc.gen,
+                        finding(
+                            Code.HELD_FOREVER, seq, why, inc.ended_seq, req=inc.req, gen=inc.gen
                         )
                     )
 
@@ -638,13 +563,10 @@ class Ledger:
         detail = ""
         if event.expected is not None or event.actual is not None:
             detail = f" (expected {event.expected}, found {event.actual})"
+        why = f"store key {event.key!r} holds KV that is not the KV of its tokens{detail}"
         out.append(
-            Violation(
-                Code.POISONED_KEY,
-                seq,
-                f"store key {event.key!r} holds KV that is not the KV of its tokens{detail}",
-                chain_of(*self.key_writers.get(event.key, ())),
-                key=event.key,
+            finding(
+                Code.POISONED_KEY, seq, why, *self.key_writers.get(event.key, ()), key=event.key
             )
         )
 
@@ -657,13 +579,16 @@ class Ledger:
             return
         if event.ok:
             return
+        why = (
+            f"{event.req}/{event.gen} loaded {event.key!r} and got KV that is not "
+            "what the key names"
+        )
         out.append(
-            Violation(
+            finding(
                 Code.WRONG_KV_LOADED,
                 seq,
-                f"{event.req}/{event.gen} loaded {event.key!r} and got KV that is not "
-                "what the key names",
-                chain_of(*self.key_writers.get(event.key, ())),
+                why,
+                *self.key_writers.get(event.key, ()),
                 req=event.req,
                 gen=event.gen,
                 key=event.key,

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from . import events as ev
 from .state import RankJobState, StoreRequestState
-from .violations import Code, Violation, chain_of
+from .violations import Code, Violation, finding
 
 
 class JobInfo(Protocol):
@@ -129,30 +129,17 @@ class RankLedger:
                 code, why = Code.CAUSALITY, "which was never enqueued"
             else:
                 code, why = Code.UNLEDGERED_JOB, "which the rank never registered (job_received)"
-            out.append(
-                Violation(
-                    code,
-                    seq,
-                    f"{event.kind} on rank {self.rank} names job {event.job}, {why}",
-                    job=event.job,
-                    rank=self.rank,
-                )
-            )
+            why = f"{event.kind} on rank {self.rank} names job {event.job}, {why}"
+            out.append(finding(code, seq, why, job=event.job, rank=self.rank))
             return None
         rj = self.jobs.get(event.job)
         if rj is None or rj.received_seq is None:
+            why = (
+                f"{event.kind} for job {event.job} on rank {self.rank} before the rank "
+                "registered it (job_received): it ran unledgered"
+            )
             out.append(
-                Violation(
-                    Code.UNLEDGERED_JOB,
-                    seq,
-                    f"{event.kind} for job {event.job} on rank {self.rank} before the rank "
-                    "registered it (job_received): it ran unledgered",
-                    chain_of(info.enqueued_seq),
-                    job=event.job,
-                    req=info.req,
-                    gen=info.gen,
-                    rank=self.rank,
-                )
+                finding(Code.UNLEDGERED_JOB, seq, why, info.enqueued_seq, of=info, rank=self.rank)
             )
             if rj is None:
                 rj = self._track(info, RankJobState(event.job, self.rank))
@@ -171,14 +158,10 @@ class RankLedger:
             return None
         rj = self.jobs.get(event.job)
         if rj is not None and rj.received_seq is not None:
+            why = f"job {event.job} received twice on rank {self.rank}"
             out.append(
-                Violation(
-                    Code.DUPLICATE_RECEIVE,
-                    seq,
-                    f"job {event.job} received twice on rank {self.rank}",
-                    chain_of(rj.received_seq),
-                    job=event.job,
-                    rank=self.rank,
+                finding(
+                    Code.DUPLICATE_RECEIVE, seq, why, rj.received_seq, job=event.job, rank=self.rank
                 )
             )
             return rj
@@ -258,13 +241,16 @@ class RankLedger:
             return None
         info, rj = found
         if event.req != info.req:
+            why = (
+                f"{event.kind} by job {info.job} names request {event.req!r}, "
+                f"but the job belongs to {info.req!r}"
+            )
             out.append(
-                Violation(
+                finding(
                     Code.CAUSALITY,
                     seq,
-                    f"{event.kind} by job {info.job} names request {event.req!r}, "
-                    f"but the job belongs to {info.req!r}",
-                    chain_of(info.enqueued_seq),
+                    why,
+                    info.enqueued_seq,
                     job=info.job,
                     req=event.req,
                     rank=self.rank,
@@ -279,16 +265,19 @@ class RankLedger:
                 if received is not None and received[1] == stale
                 else "the rank had seen it preempted or finished"
             )
+            why = (
+                f"{event.kind} by stale job {info.job} of {info.req}/{info.gen} on rank "
+                f"{self.rank}: {why} (seq {stale})"
+            )
             out.append(
-                Violation(
+                finding(
                     Code.STALE_GENERATION,
                     seq,
-                    f"{event.kind} by stale job {info.job} of {info.req}/{info.gen} on rank "
-                    f"{self.rank}: {why} (seq {stale})",
-                    chain_of(info.enqueued_seq, rj.received_seq, stale),
-                    job=info.job,
-                    req=info.req,
-                    gen=info.gen,
+                    why,
+                    info.enqueued_seq,
+                    rj.received_seq,
+                    stale,
+                    of=info,
                     rank=self.rank,
                 )
             )
@@ -308,13 +297,16 @@ class RankLedger:
         gen = self._info[event.job].gen
         last = self.offsets.get((event.req, gen))
         if last is not None and event.offset < last[0]:
+            why = (
+                f"rank {self.rank} saved offset {event.offset} for {event.req}/{gen}, "
+                f"below its earlier {last[0]}"
+            )
             out.append(
-                Violation(
+                finding(
                     Code.OFFSET_REWOUND,
                     seq,
-                    f"rank {self.rank} saved offset {event.offset} for {event.req}/{gen}, "
-                    f"below its earlier {last[0]}",
-                    chain_of(last[1]),
+                    why,
+                    last[1],
                     job=event.job,
                     req=event.req,
                     gen=gen,
@@ -347,13 +339,16 @@ class RankLedger:
         state = self.requests.get(event.req)
         seen = self.newest_seen.get(event.req)
         if seen is not None and event.gen < seen[0]:
+            why = (
+                f"rank {self.rank} retired {event.req}/{event.gen} after it had seen "
+                f"generation {seen[0]} (seq {seen[1]})"
+            )
             out.append(
-                Violation(
+                finding(
                     Code.STALE_GENERATION,
                     seq,
-                    f"rank {self.rank} retired {event.req}/{event.gen} after it had seen "
-                    f"generation {seen[0]} (seq {seen[1]})",
-                    chain_of(seen[1]),
+                    why,
+                    seen[1],
                     req=event.req,
                     gen=event.gen,
                     rank=self.rank,
@@ -363,13 +358,16 @@ class RankLedger:
         if pending:
             first = self.jobs[pending[0]]
             listed = ", ".join(map(str, pending))
+            why = (
+                f"rank {self.rank} retired {event.req}/{event.gen} while job(s) {listed} "
+                "received there were not reported"
+            )
             out.append(
-                Violation(
+                finding(
                     Code.PREMATURE_RETIRE,
                     seq,
-                    f"rank {self.rank} retired {event.req}/{event.gen} while job(s) {listed} "
-                    "received there were not reported",
-                    chain_of(*(self.jobs[j].received_seq for j in pending)),
+                    why,
+                    *(self.jobs[j].received_seq for j in pending),
                     job=first.job,
                     req=event.req,
                     gen=event.gen,
@@ -394,30 +392,30 @@ class RankLedger:
             i = keys.index(event.key)
             expected = keys[i - 1] if i else info.parent
             if event.parent != expected:
+                why = (
+                    f"KV event for {event.key!r} names parent {event.parent!r}; the "
+                    f"request's hash chain says {expected!r}"
+                )
                 out.append(
-                    Violation(
+                    finding(
                         Code.PARENT_CHAIN_BROKEN,
                         seq,
-                        f"KV event for {event.key!r} names parent {event.parent!r}; the "
-                        f"request's hash chain says {expected!r}",
-                        chain_of(info.enqueued_seq),
-                        job=info.job,
-                        req=info.req,
-                        gen=info.gen,
+                        why,
+                        info.enqueued_seq,
+                        of=info,
                         rank=self.rank,
                         key=event.key,
                     )
                 )
         else:
+            why = f"KV event for {event.key!r}, which is not in job {info.job}'s key chain"
             out.append(
-                Violation(
+                finding(
                     Code.PARENT_CHAIN_BROKEN,
                     seq,
-                    f"KV event for {event.key!r}, which is not in job {info.job}'s key chain",
-                    chain_of(info.enqueued_seq),
-                    job=info.job,
-                    req=info.req,
-                    gen=info.gen,
+                    why,
+                    info.enqueued_seq,
+                    of=info,
                     rank=self.rank,
                     key=event.key,
                 )
@@ -431,17 +429,9 @@ class RankLedger:
         info, rj = found
         rj.reports += 1
         if rj.reported_seq is not None:
+            why = f"job {info.job} reported a second time by rank {self.rank}"
             out.append(
-                Violation(
-                    Code.DOUBLE_REPORT,
-                    seq,
-                    f"job {info.job} reported a second time by rank {self.rank}",
-                    chain_of(rj.reported_seq),
-                    job=info.job,
-                    req=info.req,
-                    gen=info.gen,
-                    rank=self.rank,
-                )
+                finding(Code.DOUBLE_REPORT, seq, why, rj.reported_seq, of=info, rank=self.rank)
             )
             return rj
         rj.phase, rj.reported_seq = "reported", seq

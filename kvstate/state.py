@@ -38,10 +38,7 @@ class Incarnation:
         return f"{self.req}/{self.gen}"
 
     def copy(self) -> Incarnation:
-        return Incarnation(
-            self.req, self.gen, self.started_seq, self.state, list(self.table),
-            self.table_seq, self.held, self.ended_seq, self.prompt_tokens,
-        )  # fmt: skip
+        return attrs.evolve(self, table=list(self.table))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,7 +65,7 @@ class RequestState:
 
     def copy(self) -> RequestState:
         incarnations = {gen: inc.copy() for gen, inc in self.incarnations.items()}
-        return RequestState(self.req, self.newest_gen, self.newest_seq, incarnations)
+        return attrs.evolve(self, incarnations=incarnations)
 
 
 @attrs.define(slots=True)
@@ -93,10 +90,7 @@ class BlockState:
         return {"block": self.block, "refs": self.refs, "epoch": self.epoch}
 
     def copy(self) -> BlockState:
-        return BlockState(
-            self.block, self.refs, self.epoch, self.epoch_seq, self.epoch_holder,
-            self.freed_seq, self.prior_free_seq,
-        )  # fmt: skip
+        return attrs.evolve(self)
 
 
 @attrs.define(slots=True)
@@ -116,11 +110,7 @@ class RankJobState:
     reports: int = 0
 
     def copy(self) -> RankJobState:
-        return RankJobState(
-            self.job, self.rank, self.received_seq, self.phase, self.started_seq,
-            self.skip_reason, self.dma_seq, self.put_seq, self.put_ok, self.reported_seq,
-            self.reports,
-        )  # fmt: skip
+        return attrs.evolve(self)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"phase": self.phase, "reports": self.reports}
@@ -156,12 +146,7 @@ class StoreJobState:
 
     def copy(self, ranks: dict[int, RankJobState]) -> StoreJobState:
         """A copy whose per-rank states are ``ranks`` (the copies the rank ledgers hold)."""
-        return StoreJobState(
-            self.job, self.req, self.gen, self.token_start, self.token_end, self.reads,
-            self.read_epochs, self.pins, self.keys, self.parent, self.world_size,
-            self.enqueued_seq, ranks, self.completions, list(self.completion_seqs),
-            self.released_seq,
-        )  # fmt: skip
+        return attrs.evolve(self, ranks=ranks, completion_seqs=list(self.completion_seqs))
 
     @property
     def reported_ranks(self) -> int:
@@ -207,10 +192,7 @@ class StoreRequestState:
     retired: bool = False
 
     def copy(self) -> StoreRequestState:
-        return StoreRequestState(
-            self.req, self.gen, self.gen_seq, set(self.live_jobs), self.saved_offset,
-            self.skipped, self.retry_tokens, self.ended, self.retired,
-        )  # fmt: skip
+        return attrs.evolve(self, live_jobs=set(self.live_jobs))
 
     def to_dict(self) -> dict[str, Any]:
         return {

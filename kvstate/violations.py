@@ -9,7 +9,7 @@ are explicit classes, never ``assert``, so they survive ``python -O``.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -110,6 +110,31 @@ class Violation:
 def chain_of(*seqs: int | None) -> tuple[int, ...]:
     """A chain from the seqs that are known, sorted and without repeats."""
     return tuple(sorted({s for s in seqs if s is not None}))
+
+
+class _Job(Protocol):
+    job: int
+    req: str
+    gen: int
+
+
+def finding(
+    code: Code,
+    seq: int,
+    message: str,
+    *chain: int | None,
+    of: _Job | None = None,
+    **entities: Any,
+) -> Violation:
+    """A :class:`Violation` with its chain built from the known seqs.
+
+    ``of`` is the job the finding is about: its ``job``, ``req`` and ``gen``
+    fill those entity fields (``entities`` may still override or add, e.g.
+    ``rank`` or ``block``).
+    """
+    if of is not None:
+        entities = {"job": of.job, "req": of.req, "gen": of.gen, **entities}
+    return Violation(code, seq, message, chain_of(*chain), **entities)
 
 
 # -- strict mode exceptions ------------------------------------------------------------
