@@ -623,6 +623,23 @@ class Ledger:
         new._reported_once = set(self._reported_once)
         return new
 
+    def _state(self) -> tuple[Any, ...]:
+        """Everything the fold has folded, for equality (the dispatch table is not state)."""
+        return (
+            self.observes_workers, self.header, self.requests, self.blocks, self.jobs,
+            self.ranks, self.last_job, self.last_job_seq, self.step, self.records,
+            self.last_seq, self.last_kind, self.crashes, self.keys_missing, self.pinned,
+            self.key_writers, self._reported_once,
+        )  # fmt: skip
+
+    def __eq__(self, other: object) -> bool:
+        """Two ledgers are equal when every piece of folded state is."""
+        if not isinstance(other, Ledger):
+            return NotImplemented
+        return self._state() == other._state()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
     def to_dict(self) -> dict[str, Any]:
         """The ledger as plain data (for ``--at`` and the inspector)."""
         return {

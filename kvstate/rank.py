@@ -440,6 +440,22 @@ class RankLedger:
             state.live_jobs.discard(info.job)
         return rj
 
+    def __eq__(self, other: object) -> bool:
+        """Equal when every piece of this rank's folded state is (the job descriptions
+        are the ledger's, compared there)."""
+        if not isinstance(other, RankLedger):
+            return NotImplemented
+        mine = (self.rank, self.knows_all_jobs, self.jobs, self.requests, self.ended)
+        theirs = (other.rank, other.knows_all_jobs, other.jobs, other.requests, other.ended)
+        return mine == theirs and (
+            self.offsets,
+            self.newest_received,
+            self.newest_seen,
+            self.by_incarnation,
+        ) == (other.offsets, other.newest_received, other.newest_seen, other.by_incarnation)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
     def clone(self, jobs: Mapping[int, JobInfo]) -> RankLedger:
         """A copy of this rank's state, reading job descriptions from ``jobs``."""
         new = RankLedger(self.rank, jobs, knows_all_jobs=self.knows_all_jobs)
