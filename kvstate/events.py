@@ -511,6 +511,8 @@ class KeyVerified(Event):
     ok: bool = attrs.field(validator=_boolean)
     expected: Any = attrs.field(default=None, validator=_scalar)
     actual: Any = attrs.field(default=None, validator=_scalar)
+    #: addition: the store job whose put wrote the value, when the auditor knows it
+    job: int | None = attrs.field(default=None, validator=attrs.validators.optional(_nonneg))
 
 
 @_kind("load_verified", SIDE_AUDIT)
@@ -522,6 +524,8 @@ class LoadVerified(Event):
     gen: int = _id()
     key: str = attrs.field(validator=_string)
     ok: bool = attrs.field(validator=_boolean)
+    #: addition: the store job whose put wrote the loaded value, when known
+    job: int | None = attrs.field(default=None, validator=attrs.validators.optional(_nonneg))
 
 
 @_kind("key_missing", SIDE_AUDIT)

@@ -68,6 +68,8 @@ class Ledger:
         #: key -> seqs of the enqueues that wrote it (for POISONED_KEY chains);
         #: tuples, so a snapshot can share them
         self.key_writers: dict[str, tuple[int, ...]] = {}
+        #: key -> the first job that wrote it (the job behind a wrong value)
+        self.key_first_job: dict[str, int] = {}
         self._reported_once: set[tuple[Code, Any]] = set()
         self._dispatch: dict[type, Callable[[int, Any, Out], None]] = {
             ev.JournalOpened: self._on_journal_opened,
@@ -322,6 +324,9 @@ class Ledger:
             self.pinned[event.job] = None
         for key in event.keys:
             self.key_writers[key] = (*self.key_writers.get(key, ()), seq)
+            # The first put of a key wins (Mooncake keeps the first value): its
+            # job is the one a wrong value under the key comes from.
+            self.key_first_job.setdefault(key, event.job)
 
     def _check_reads(self, seq: int, event: ev.JobEnqueued, inc: Incarnation, out: Out) -> None:
         table = set(inc.table)
@@ -564,11 +569,13 @@ class Ledger:
         if event.expected is not None or event.actual is not None:
             detail = f" (expected {event.expected}, found {event.actual})"
         why = f"store key {event.key!r} holds KV that is not the KV of its tokens{detail}"
-        out.append(
-            finding(
-                Code.POISONED_KEY, seq, why, *self.key_writers.get(event.key, ()), key=event.key
-            )
-        )
+        writers = self.key_writers.get(event.key, ())
+        job = self._writer(event.job, event.key)
+        out.append(finding(Code.POISONED_KEY, seq, why, *writers, job=job, key=event.key))
+
+    def _writer(self, job: int | None, key: str) -> int | None:
+        """The job behind a value: as the audit names it, else the key's first writer."""
+        return job if job is not None else self.key_first_job.get(key)
 
     def _on_key_missing(self, seq: int, event: ev.KeyMissing, out: Out) -> None:
         """Evicted or unreadable: counted, never a violation (nothing wrong was read)."""
@@ -589,6 +596,7 @@ class Ledger:
                 seq,
                 why,
                 *self.key_writers.get(event.key, ()),
+                job=self._writer(event.job, event.key),
                 req=event.req,
                 gen=event.gen,
                 key=event.key,
@@ -620,6 +628,7 @@ class Ledger:
         new.keys_missing = self.keys_missing
         new.pinned = dict(self.pinned)
         new.key_writers = dict(self.key_writers)
+        new.key_first_job = dict(self.key_first_job)
         new._reported_once = set(self._reported_once)
         return new
 
@@ -629,7 +638,7 @@ class Ledger:
             self.observes_workers, self.header, self.requests, self.blocks, self.jobs,
             self.ranks, self.last_job, self.last_job_seq, self.step, self.records,
             self.last_seq, self.last_kind, self.crashes, self.keys_missing, self.pinned,
-            self.key_writers, self._reported_once,
+            self.key_writers, self.key_first_job, self._reported_once,
         )  # fmt: skip
 
     def __eq__(self, other: object) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -71,15 +71,28 @@ class ReplayResult:
         return out
 
 
+#: how many records between two calls of a replay's progress callback
+PROGRESS_EVERY = 16384
+
+
 def fold_located(
-    items: Iterable[Located], *, at: int | None = None
+    items: Iterable[Located],
+    *,
+    at: int | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[Ledger, int, list[Violation], list[Violation]]:
-    """Fold records in order, stopping after seq ``at`` when given."""
+    """Fold records in order, stopping after seq ``at`` when given.
+
+    ``progress`` is called with the number of records folded so far, every
+    :data:`PROGRESS_EVERY` records.
+    """
     ledger = Ledger()
     violations: list[Violation] = []
     warnings: list[Violation] = []
     events = 0
     for item in items:
+        if progress is not None and events % PROGRESS_EVERY == 0:
+            progress(events)
         entry = item.entry
         if at is not None and entry.seq > at:
             break
@@ -98,7 +111,11 @@ def fold_located(
 
 
 def replay(
-    paths: Sequence[str], *, at: int | None = None, require_idle: bool = False
+    paths: Sequence[str],
+    *,
+    at: int | None = None,
+    require_idle: bool = False,
+    progress: Callable[[int], None] | None = None,
 ) -> ReplayResult:
     """Replay one journal, or several merged, and return the verdict.
 
@@ -109,7 +126,7 @@ def replay(
         raise RecordError("no journal given")
     stream, origin = open_stream(list(paths))
     try:
-        ledger, events, violations, warnings = fold_located(stream, at=at)
+        ledger, events, violations, warnings = fold_located(stream, at=at, progress=progress)
     except RecordError as exc:
         if exc.path is None:
             raise exc.located(path=", ".join(paths)) from None

@@ -17,7 +17,7 @@ import attrs
 
 from kvstate import events as ev
 from kvstate.codec import Entry
-from kvstate.violations import Code, Violation
+from kvstate.violations import CODE_ORDER, Code, Violation
 
 Records = Mapping[int, Entry]
 
@@ -193,20 +193,62 @@ def explain(v: Violation, records: Records) -> str:
 
 @attrs.frozen
 class Group:
-    """Violations with one root cause: the same code and the same causal chain."""
+    """Violations with one root cause: what a connector engineer would fix once.
 
-    code: Code
+    One poisoned job is one root cause, however many blocks, ranks, keys and
+    loads its wrong read spread to; one stale job likewise.
+    """
+
+    key: tuple[Any, ...]
     members: tuple[Violation, ...]
 
     @property
     def first(self) -> Violation:
         return self.members[0]
 
+    @property
+    def code(self) -> Code:
+        """The code of the first violation: the root cause's kind."""
+        return self.first.code
+
+    def codes(self) -> list[tuple[Code, int]]:
+        """Every code among the members with its count, in the documented order."""
+        counts: dict[Code, int] = {}
+        for v in self.members:
+            counts[v.code] = counts.get(v.code, 0) + 1
+        return sorted(counts.items(), key=lambda item: CODE_ORDER[item[0]])
+
+    @property
+    def title(self) -> str:
+        """The root cause in a few words."""
+        first = self.first
+        kind = self.key[0]
+        if kind == "job":
+            what = {
+                Code.POISONED_READ: "poisoned job",
+                Code.POISONED_KEY: "poisoned job",
+                Code.WRONG_KV_LOADED: "poisoned job",
+                Code.STALE_GENERATION: "stale job",
+            }.get(first.code, "job")
+            owner = f" of {first.req}/{first.gen}" if first.req is not None else ""
+            return f"{what} {self.key[1]}{owner}"
+        if kind == "incarnation":
+            return f"{self.key[1]}/{self.key[2]}"
+        return f"{first.code.value} at seq {first.seq}"
+
+
+def root_cause(v: Violation) -> tuple[Any, ...]:
+    """The key that groups ``v`` with the other violations one fix would remove."""
+    if v.job is not None and v.code not in (Code.PREMATURE_RETIRE, Code.ID_REUSED):
+        return ("job", v.job)
+    if v.req is not None and v.gen is not None:
+        return ("incarnation", v.req, v.gen)
+    return ("record", v.code, v.seq)
+
 
 def group(violations: list[Violation]) -> list[Group]:
     """Group violations by root cause, in order of first appearance."""
     groups: dict[tuple[Any, ...], list[Violation]] = {}
     for v in violations:
-        key: tuple[Any, ...] = (v.code, v.chain) if v.chain else (v.code, v.seq)
-        groups.setdefault(key, []).append(v)
-    return [Group(members[0].code, tuple(members)) for members in groups.values()]
+        groups.setdefault(root_cause(v), []).append(v)
+    return [Group(key, tuple(members)) for key, members in groups.items()]

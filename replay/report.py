@@ -7,8 +7,10 @@ markup. Rich drops colours by itself when the output is not a terminal.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from rich import box
 from rich.console import Console, RenderableType
@@ -19,7 +21,7 @@ from rich.text import Text
 
 from kvstate.codec import Entry
 from kvstate.ledger import Ledger
-from kvstate.violations import CODE_ORDER, Violation
+from kvstate.violations import CODE_ORDER, Code, Violation
 
 from .engine import ReplayResult
 from .explain import Group, describe, explain, group, lane
@@ -70,29 +72,52 @@ def _findings_table(
     return table
 
 
-def _groups_table(groups: list[Group], plain: bool) -> Table:
+def _groups_table(groups: list[Group], limit: int, plain: bool) -> Table:
+    shown = groups[:limit]
+    more = (
+        f" (the first {len(shown)} of {len(groups)}; --limit N for more)"
+        if len(groups) > limit
+        else ""
+    )
     table = Table(
-        title="Violations, one row per root cause (--all lists each)",
+        title=f"Root causes{more}; --all lists every violation",
         box=_box(plain),
         title_justify="left",
     )
+    table.add_column("#", justify="right")
     table.add_column("first seq", justify="right")
-    table.add_column("code", style="bold")
-    table.add_column("count", justify="right")
-    table.add_column("entities (first)")
-    table.add_column("message (first)", overflow="fold")
-    for g in groups:
+    table.add_column("root cause")
+    table.add_column("violations")
+    table.add_column("first message", overflow="fold")
+    for i, g in enumerate(shown, 1):
         first = g.first
         message = literal(first.message)
         if first.chain:
             message.append("\nchain: " + " → ".join(map(str, first.chain)), style="dim")
+        codes = "\n".join(f"{code.value} ×{n}" for code, n in g.codes())
         table.add_row(
-            _cell(first.seq),
-            Text(g.code.value, style="red"),
-            _cell(len(g.members)),
-            _entities(first),
-            message,
+            _cell(i), _cell(first.seq), literal(g.title), Text(codes, style="red"), message
         )
+    return table
+
+
+def code_summary(result: ReplayResult, groups: list[Group]) -> Table:
+    """One row per code, in the documented order: how many, how many root causes, where first."""
+    table = Table(title="Summary by code", box=box.SIMPLE_HEAD, title_justify="left")
+    for name, justify in (("code", "left"), ("violations", "right"), ("root causes", "right"),
+                          ("first seq", "right")):  # fmt: skip
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    counts: Counter[Code] = Counter(v.code for v in result.violations)
+    causes: Counter[Code] = Counter()
+    for g in groups:
+        for code, _n in g.codes():
+            causes[code] += 1
+    first: dict[Code, int] = {}
+    for v in result.violations:
+        first.setdefault(v.code, v.seq)
+    for code in sorted(counts, key=CODE_ORDER.__getitem__):
+        table.add_row(Text(code.value, style="red"), _cell(counts[code]), _cell(causes[code]),
+                      _cell(first[code]))  # fmt: skip
     return table
 
 
@@ -101,16 +126,27 @@ def lanes_table(
     marks: Mapping[int, Sequence[Violation]],
     title: str,
     plain: bool,
+    where: Callable[[int], dict[str, Any]] | None = None,
 ) -> Table:
-    """Records as lanes (scheduler, one per rank, audit); violations marked on their row."""
+    """Records as lanes (scheduler, one per rank, audit); violations marked on their row.
+
+    With ``where`` (merged journals) each row also names its file and own seq.
+    """
     lanes = sorted({lane(e.event) for e in entries}, key=_lane_order)
     table = Table(title=literal(title), box=_box(plain), title_justify="left")
     table.add_column("seq", justify="right")
+    if where is not None:
+        table.add_column("file:seq", overflow="fold")
     table.add_column("step", justify="right")
     for name in lanes:
         table.add_column(name, overflow="fold")
     for entry in entries:
-        cells: list[RenderableType] = [_cell(entry.seq), _cell(entry.step)]
+        cells: list[RenderableType] = [_cell(entry.seq)]
+        if where is not None:
+            origin = where(entry.seq)
+            name = os.path.basename(str(origin.get("file", "")))
+            cells.append(literal(f"{name}:{origin.get('file_seq', '')}"))
+        cells.append(_cell(entry.step))
         here = marks.get(entry.seq, ())
         for name in lanes:
             if lane(entry.event) != name:
@@ -125,10 +161,15 @@ def lanes_table(
     return table
 
 
-def chain_timeline(v: Violation, records: Mapping[int, Entry], plain: bool) -> Table:
+def chain_timeline(
+    v: Violation,
+    records: Mapping[int, Entry],
+    plain: bool,
+    where: Callable[[int], dict[str, Any]] | None = None,
+) -> Table:
     """The violation's chain and its own record as lanes."""
     seqs = sorted({s for s in (*v.chain, v.seq) if s in records})
-    return lanes_table([records[s] for s in seqs], {v.seq: [v]}, "Timeline", plain)
+    return lanes_table([records[s] for s in seqs], {v.seq: [v]}, "Timeline", plain, where)
 
 
 def _lane_order(name: str) -> tuple[int, int]:
@@ -226,9 +267,12 @@ def render(
     records: Mapping[int, Entry] | None = None,
     *,
     show_all: bool = False,
+    limit: int = 20,
     plain: bool = False,
-) -> Group:
-    """The whole human report."""
+) -> RichGroup:
+    """The whole human report: the verdict, a summary by code, the first
+    violation told as a story, then one row per root cause (or, with
+    ``show_all``, per violation), at most ``limit`` rows."""
     records = records or {}
     parts: list[RenderableType] = []
     header = Text("kvstate replay: ", style="bold")
@@ -240,31 +284,52 @@ def render(
     groups = group(result.violations)
     parts.append(summary_line(result, len(groups) if result.violations else None))
     if result.violations:
+        parts.append(code_summary(result, groups))
         first = result.violations[0]
-        title = Text(f"\nFirst violation: {first.code.value} at seq {first.seq}", style="bold red")
+        title = Text(f"First violation: {first.code.value} at seq {first.seq}", style="bold red")
         parts.append(title)
         parts.append(Padding(literal(explain(first, records)), (0, 0, 0, 2)))
+        where = result.where if result.origin is not None else None
         if records:
-            parts.append(chain_timeline(first, records, plain))
+            parts.append(chain_timeline(first, records, plain, where))
         if show_all:
-            parts.append(_findings_table(result, result.violations, "Violations", plain))
+            shown = result.violations[:limit]
+            title = "Violations"
+            if len(result.violations) > limit:
+                title += f" (the first {limit} of {len(result.violations)}; --limit N for more)"
+            parts.append(_findings_table(result, shown, title, plain))
         else:
-            parts.append(_groups_table(groups, plain))
+            parts.append(_groups_table(groups, limit, plain))
     if result.warnings:
-        parts.append(_findings_table(result, result.warnings, "Warnings", plain))
+        shown = result.warnings[:limit]
+        title = "Warnings"
+        if len(result.warnings) > limit:
+            title += f" (the first {limit} of {len(result.warnings)})"
+        parts.append(_findings_table(result, shown, title, plain))
     return RichGroup(*parts)
 
 
-def report_console() -> Console:
-    """A console for reports: the terminal's width, or a wide page when piped.
-
-    Rich assumes 80 columns when the output is not a terminal; messages then
-    wrap into narrow table cells that are hard to grep in CI logs.
-    """
-    console = Console()
+def report_console(*, stderr: bool = False) -> Console:
+    """A console for reports: the terminal's width; when piped, ``COLUMNS``
+    if set, else 100 columns (rich would assume 80)."""
+    console = Console(stderr=stderr)
     if not console.is_terminal:
-        console = Console(width=160)
+        columns = os.environ.get("COLUMNS", "")
+        width = int(columns) if columns.isdigit() and int(columns) > 20 else 160
+        console = Console(width=width, stderr=stderr)
     return console
+
+
+def emit(console: Console, *renderables: RenderableType) -> None:
+    """Print; when piped, without the trailing spaces rich pads table cells with."""
+    if console.is_terminal:
+        console.print(*renderables)
+        return
+    with console.capture() as captured:
+        console.print(*renderables)
+    text = "\n".join(line.rstrip() for line in captured.get().split("\n"))
+    console.file.write(text)
+    console.file.flush()
 
 
 def print_report(
@@ -272,7 +337,9 @@ def print_report(
     records: Mapping[int, Entry] | None = None,
     *,
     show_all: bool = False,
+    limit: int = 20,
     console: Console | None = None,
 ) -> None:
     console = console or report_console()
-    console.print(render(result, records, show_all=show_all, plain=not console.is_terminal))
+    plain = not console.is_terminal
+    emit(console, render(result, records, show_all=show_all, limit=limit, plain=plain))

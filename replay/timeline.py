@@ -3,13 +3,16 @@ across the scheduler and every rank, in journal order."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
+from journal import JournalError
 from kvstate import events as ev
 from kvstate.codec import Entry, to_dict
+from kvstate.ledger import Ledger
 from kvstate.violations import Violation
 
 from .engine import replay
@@ -83,4 +86,22 @@ def build(paths: Sequence[str], *, req: str | None = None, job: int | None = Non
         if v.seq in seqs:
             marks.setdefault(v.seq, []).append(v)
     title = f"request {req}" if req is not None else f"job {job}"
+    if not selected:
+        raise JournalError(
+            f"{', '.join(paths)}: no record names {title}; "
+            + near_matches(result.ledger, req=req, job=job)
+        )
     return Timeline(title, selected, marks)
+
+
+def near_matches(ledger: Ledger, *, req: str | None, job: int | None) -> str:
+    """A hint listing the ids closest to one the journal does not have."""
+    if req is not None:
+        close = difflib.get_close_matches(req, list(ledger.requests), n=5, cutoff=0.5)
+        if not close:
+            close = sorted(ledger.requests)[:5]
+        return ("near matches: " + ", ".join(close)) if close else "the journal has no request"
+    ids = sorted(ledger.jobs, key=lambda j: (abs(j - (job or 0)), j))[:5]
+    return (
+        ("near matches: " + ", ".join(map(str, sorted(ids)))) if ids else "the journal has no job"
+    )

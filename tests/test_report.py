@@ -38,7 +38,7 @@ def test_first_violation_is_told_as_a_story_with_a_timeline(
         "The job pinned []",
     ):
         assert phrase in " ".join(out.split()), phrase
-    timeline = out[out.index("Timeline") : out.index("Violations, one row")]
+    timeline = out[out.index("Timeline") : out.index("Root causes")]
     assert "scheduler" in timeline and "rank 0" in timeline
     assert "<- POISONED_READ" in timeline
     assert "job 0 of r1/0 enqueued" in timeline
@@ -49,9 +49,11 @@ def test_violations_are_grouped_by_root_cause_and_all_lists_each(
 ) -> None:
     path = zoo_journal(tmp_path, "poisoned-read")
     grouped = report(capsys, path)
-    assert "from 2 root cause(s)" in grouped
-    rows = [line for line in grouped.splitlines() if "| POISONED_READ |" in line]
-    assert len(rows) == 1 and "|     2 |" in rows[0]
+    # one poisoned job: its two poisoned reads and the two keys they poisoned
+    assert "from 1 root cause(s)" in grouped
+    causes = grouped[grouped.index("Root causes") :]
+    assert causes.count("poisoned job 0 of r1/0") == 1
+    assert "POISONED_READ ×2" in causes and "POISONED_KEY ×2" in causes
     every = report(capsys, "--all", path)
     rows = [line for line in every.splitlines() if "POISONED_READ" in line and "| 0 " in line]
     assert len(rows) == 2
@@ -84,3 +86,53 @@ def test_grouping_key_is_code_and_chain() -> None:
     d = Violation(Code.CRASH, 12, "m")
     groups = group([a, b, c, d])
     assert [len(g.members) for g in groups] == [2, 1, 1]
+
+
+def test_the_report_leads_with_a_summary_by_code_in_the_documented_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = report(capsys, zoo_journal(tmp_path, "poisoned-read"))
+    summary = out[out.index("Summary by code") : out.index("First violation")]
+    codes = [c for c in ("POISONED_READ", "POISONED_KEY") if c in summary]
+    assert codes == ["POISONED_READ", "POISONED_KEY"]  # the spec's table order
+    assert summary.index("POISONED_READ") < summary.index("POISONED_KEY")
+
+
+def test_limit_caps_the_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = zoo_journal(tmp_path, "poisoned-read")
+    out = report(capsys, "--all", "--limit", "1", path)
+    assert "the first 1 of 4; --limit N for more" in out
+
+
+def test_the_report_honours_columns_and_has_no_trailing_spaces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = zoo_journal(tmp_path, "req-id-aba")
+    for width in ("72", "130"):
+        monkeypatch.setenv("COLUMNS", width)
+        out = report(capsys, path)
+        lines = out.splitlines()
+        assert max(len(line) for line in lines) <= int(width)
+        assert all(line == line.rstrip() for line in lines)
+
+
+def test_merged_reports_name_each_records_file_and_own_seq(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    text = Path(zoo_journal(tmp_path, "poisoned-read")).read_text()
+    records = [json.loads(line) for line in text.splitlines()]
+    sched = [r for r in records if "rank" not in r]
+    ranks = [r for r in records if "rank" in r]
+    for i, r in enumerate(sched, 1):
+        r["seq"] = i
+    header = dict(sched[0])
+    for i, r in enumerate([header, *ranks], 1):
+        r["seq"] = i
+    a, b = tmp_path / "sched.jsonl", tmp_path / "rank0.jsonl"
+    a.write_text("".join(json.dumps(r) + "\n" for r in sched))
+    b.write_text("".join(json.dumps(r) + "\n" for r in [header, *ranks]))
+    out = report(capsys, str(a), str(b))
+    timeline = out[out.index("Timeline") : out.index("Root causes")]
+    assert "sched.jsonl:" in timeline and "rank0.jsonl:" in timeline

@@ -56,5 +56,18 @@ def test_clean_job_timeline_exits_0(tmp_path: Path, capsys: pytest.CaptureFixtur
         (to_record(e) for e in run_case(CASES["req-id-aba"], "kvstate").entries or []), path
     )
     assert main(["timeline", str(path), "--job", "1"]) == 0
-    assert main(["timeline", str(path), "--req", "nobody"]) == 0
-    assert "no record names request nobody" in capsys.readouterr().err
+    capsys.readouterr()
+
+
+def test_an_unknown_id_exits_2_with_near_matches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ok.jsonl"
+    write_jsonl(
+        (to_record(e) for e in run_case(CASES["req-id-aba"], "kvstate").entries or []), path
+    )
+    assert main(["timeline", str(path), "--req", "r11"]) == 2
+    err = capsys.readouterr().err
+    assert "no record names request r11; near matches: r1" in err and len(err.splitlines()) == 1
+    assert main(["timeline", str(path), "--job", "40"]) == 2
+    assert "no record names job 40; near matches: 0, 1" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from journal import JournalError, atomic_output, refuse_existing
 
-from ..report import report_console
+from ..report import emit, report_console
 from ..safe import printable
 from ._common import (
     EXIT_CLEAN,
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             f"the Mooncake master at {args.master_rpc}" if master else "a local Mooncake master"
         )
     if not use_mooncake and args.store != "memory":
-        console.print(
+        emit(console,
             Text(f"notice: Mooncake cannot run here ({problem}); using the in-memory store.",
                  style="yellow")
         )  # fmt: skip
@@ -94,12 +94,13 @@ def run(args: argparse.Namespace) -> int:
         os.makedirs(args.out, exist_ok=True)
     except (JournalError, OSError) as exc:
         return unusable(exc, as_json=False)
-    console.print(
+    emit(
+        console,
         Text(
             f"kvstate demo: {args.requests} requests, {args.world_size} ranks, seed {args.seed}, "
             f"against {backend}: the connector before vLLM #52372, then kvstate's ledgers.",
             style="bold",
-        )
+        ),
     )
     runs = []
     try:
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # a master that would not start, a client setup that failed
         print(f"kvstate: error: {printable(exc)}", file=sys.stderr)
         return EXIT_UNUSABLE
-    console.print(summary_table([r.summary for r in runs]))
+    emit(console, summary_table([r.summary for r in runs]))
     failed = [r.summary for r in runs if r.summary.error is not None]
     if failed:
         print(
@@ -158,9 +159,9 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_VIOLATIONS
     if use_mooncake:
-        console.print(Text(f"Mooncake's own log: {os.path.join(args.out, 'mooncake.log')}"))
+        emit(console, Text(f"Mooncake's own log: {os.path.join(args.out, 'mooncake.log')}"))
     legacy, fixed = runs[0].summary, runs[1].summary
-    console.print(Text("Inspect the journals:", style="bold"))
+    emit(console, Text("Inspect the journals:", style="bold"))
     for line in (
         f"kvstate replay {paths['legacy']}            # the first violation, explained",
         f"kvstate replay {paths['kvstate']}           # clean",
@@ -168,6 +169,6 @@ def run(args: argparse.Namespace) -> int:
         f"kvstate replay {paths['legacy']} --minimize {args.out}/repro.jsonl",
         f"kvstate export {paths['legacy']} --format perfetto {args.out}/legacy.trace.json",
     ):
-        console.print(Text("  " + line))
+        emit(console, Text("  " + line))
     as_expected = legacy.poisoned_keys > 0 and fixed.poisoned_keys == 0 and not fixed.violations
     return EXIT_CLEAN if as_expected else EXIT_VIOLATIONS

@@ -8,7 +8,7 @@ import sys
 
 from journal import JournalError, RecordError
 
-from ..report import report_console
+from ..report import emit, report_console
 from ._common import (
     EXIT_CLEAN,
     EXIT_UNUSABLE,
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
         if args.once:
             text, status = once(path)
-            report_console().print(text)
+            emit(report_console(), text)
             return status
         app = Inspector(path, follow=args.follow)
     except ImportError as exc:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from journal import JournalError, atomic_output, refuse_existing, write_jsonl
 from kvstate.codec import to_record
 
 from ..engine import replay
 from ..minimize import minimize as shrink
-from ..report import needed_records, print_report
+from ..progress import records_progress
+from ..report import needed_records, print_report, report_console
 from ..sources import collect, entries
 from ._common import (
     EXIT_CLEAN,
@@ -44,6 +46,13 @@ def add_parser(sub: Subparsers) -> None:
         help="exit 1 when the journal ends before engine_idle or engine_crashed (UNFINISHED)",
     )
     p.add_argument("--force", action="store_true", help="let --minimize replace its output")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=20,
+        metavar="N",
+        help="at most N rows of root causes (or of violations with --all); default 20",
+    )
     p.set_defaults(func=run)
 
 
@@ -51,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
     if args.minimize:
         return _write_minimized(args)
     try:
-        result = replay(args.paths, at=args.at, require_idle=args.require_idle)
+        with records_progress(args.paths, "replaying") as progress:
+            result = replay(
+                args.paths, at=args.at, require_idle=args.require_idle, progress=progress
+            )
     except (JournalError, OSError) as exc:
         return unusable(exc, as_json=args.json)
     if args.json:
@@ -61,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             records = collect(args.paths, needed_records(result))
         except (JournalError, OSError):
             records = {}  # the verdict stands; the story just has fewer details
-        print_report(result, records, show_all=args.all)
+        print_report(result, records, show_all=args.all, limit=args.limit)
     return result.exit_status
 
 
@@ -69,10 +81,21 @@ def _write_minimized(args: argparse.Namespace) -> int:
     """--minimize: the smallest journal failing like this one, written to OUT.jsonl."""
     try:
         refuse_existing(args.minimize, force=args.force)
-        loaded = list(entries(args.paths))
+        loaded = []
+        with records_progress(args.paths, "reading") as progress:
+            for entry in entries(args.paths):
+                loaded.append(entry)
+                if progress is not None and len(loaded) % 16384 == 0:
+                    progress(len(loaded))
     except (JournalError, OSError) as exc:
         return unusable(exc, as_json=args.json)
-    found = shrink(loaded)
+    console = report_console(stderr=True)
+    with (
+        console.status("minimizing (slice, then delta debugging)", spinner="dots")
+        if (console.is_terminal)
+        else contextlib.nullcontext()
+    ):
+        found = shrink(loaded)
     if found is None:
         print("journal is clean: nothing to minimize")
         return EXIT_CLEAN

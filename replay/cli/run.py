@@ -8,7 +8,7 @@ import sys
 from journal import JournalError, atomic_output, refuse_existing
 
 from ..engine import replay
-from ..report import report_console, summary_line
+from ..report import emit, report_console, summary_line
 from ..safe import literal, printable
 from ._common import (
     EXIT_UNUSABLE,
@@ -161,11 +161,11 @@ def run(args: argparse.Namespace) -> int:
         return interrupted_status(exc)
     except (JournalError, OSError) as exc:
         return unusable(exc, as_json=False)
-    console.print(summary_table([summary]))
+    emit(console, summary_table([summary]))
     verdict = replay([args.journal])
-    console.print(summary_line(verdict))
-    console.print(
-        literal(f"journal: {args.journal}; explain it with: kvstate replay {args.journal}")
+    emit(console, summary_line(verdict))
+    emit(
+        console, literal(f"journal: {args.journal}; explain it with: kvstate replay {args.journal}")
     )
     if summary.error is not None:
         print(f"kvstate: error: the run crashed: {printable(summary.error)}", file=sys.stderr)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from journal import JournalError
 
 from .. import timeline
-from ..report import lanes_table, report_console
-from ..safe import literal, printable
+from ..report import emit, lanes_table, report_console
+from ..safe import literal
 from ._common import (
     EXIT_CLEAN,
     EXIT_VIOLATIONS,
@@ -44,10 +43,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         console = report_console()
         title = f"Timeline of {line.title}: {len(line.entries)} records"
-        console.print(lanes_table(line.entries, line.violations, title, not console.is_terminal))
+        emit(console, lanes_table(line.entries, line.violations, title, not console.is_terminal))
         for seq, found in sorted(line.violations.items()):
             for v in found:
-                console.print(literal(f"seq {seq} {v.code.value}: {v.message}"))
-    if not line.entries:
-        print(f"kvstate: no record names {printable(line.title)}", file=sys.stderr)
+                emit(console, literal(f"seq {seq} {v.code.value}: {v.message}"))
     return EXIT_VIOLATIONS if line.violations else EXIT_CLEAN

@@ -14,7 +14,7 @@ from journal import JournalError, atomic_output, refuse_existing, write_jsonl
 from kvstate.codec import to_record
 
 from ..engine import replay
-from ..report import report_console
+from ..report import emit, report_console
 from ._common import (
     EXIT_CLEAN,
     EXIT_UNUSABLE,
@@ -84,11 +84,12 @@ def run(args: argparse.Namespace) -> int:
             Text(verdicts[1], style="green"),
         )
     console = report_console()
-    console.print(table)
-    console.print(
+    emit(console, table)
+    emit(
+        console,
         Text(
             f"journals: {args.out}/CASE.legacy.jsonl and {args.out}/CASE.kvstate.jsonl; "
             f"explain one with: kvstate replay {args.out}/{names[0]}.legacy.jsonl"
-        )
+        ),
     )
     return EXIT_CLEAN if all_as_expected else EXIT_VIOLATIONS

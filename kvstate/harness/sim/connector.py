@@ -103,6 +103,8 @@ class StoreConnectorScheduler:
         self._missing: list[tuple[str, str]] = []
         self.jobs = 0
         self.load_checks: list[tuple[str, int, str, bool]] = []
+        #: which job put a key, when the runtime knows (named in load_verified)
+        self.writer_of: Callable[[str], int | None] = lambda _key: None
 
     def bind_gpu_block_pool(self, pool: BlockPool) -> None:
         self.pool = pool
@@ -214,7 +216,8 @@ class StoreConnectorScheduler:
             gen = self.ledger.current_gen(req)
             for key, ok in checks:
                 self.ledger.recorder.record(
-                    ev.LoadVerified(req=req, gen=gen, key=key, ok=ok), self.ledger.step
+                    ev.LoadVerified(req=req, gen=gen, key=key, ok=ok, job=self.writer_of(key)),
+                    self.ledger.step,
                 )
                 self.load_checks.append((req, gen, key, ok))
         self._loads = []
@@ -310,7 +313,8 @@ class StoreConnectorWorker:
         self.finishing: set[tuple[str, int]] = set()
         self.bytes_moved = 0
         #: keys this rank put (the audit reads every one of them back)
-        self.stored_keys: set[str] = set()
+        #: key -> the job that put it (the audit reads every one back and names the job)
+        self.stored_keys: dict[str, int] = {}
 
     def handle_metadata(self, meta: ConnectorMetadata) -> None:
         """Learn of ended incarnations first, then register each job before queueing it."""
@@ -390,7 +394,7 @@ class StoreConnectorWorker:
                 run.set_retry_tokens(start, job.token_end - start)
                 return
             self.bytes_moved += sum(len(v) for v in views)
-            self.stored_keys.update(put_keys)
+            self.stored_keys.update(dict.fromkeys(put_keys, job.job))
             run.put_done(stored=len(missing), existed=len(keys) - len(missing))
             run.publish_kv_events([job.keys[first + i] for i in missing])
             run.save_offset(job.token_end)

@@ -280,6 +280,10 @@ class Simulation:
             )
             for rank in range(config.world_size)
         ]
+        workers = self.workers
+        self.connector.writer_of = lambda key: next(
+            (w.stored_keys[key] for w in workers if key in w.stored_keys), None
+        )
         self.pending = workload(config)
         self.sample = sampler(config.seed)
         self.summary = Summary(config.policy, config.mode, requests=config.requests)
@@ -544,7 +548,8 @@ class Simulation:
         audit stops there and says so.
         """
         size = self.memory.block_bytes
-        keys = sorted(set().union(*(w.stored_keys for w in self.workers)))
+        writers = {key: job for w in self.workers for key, job in w.stored_keys.items()}
+        keys = sorted(writers)
         reader = self.base_stores[0]
         poisoned = missing = 0
         step = self.sched_ledger.step
@@ -566,7 +571,11 @@ class Simulation:
             ok = bytes(buffer) == expected
             poisoned += not ok
             event = ev.KeyVerified(
-                key=key, ok=ok, expected=short(expected), actual=short(bytes(buffer))
+                key=key,
+                ok=ok,
+                expected=short(expected),
+                actual=short(bytes(buffer)),
+                job=writers[key],
             )
             self.recorder.record(event, step)
         self.recorder.commit()
