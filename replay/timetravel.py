@@ -103,12 +103,47 @@ class _LineRecords:
         pass
 
 
-class TimeTravel:
-    """The ledger at any seq of one journal, with an overview built in the background."""
+class _MergedRecords:
+    """Several journals of one run, merged like replay merges them, in memory."""
 
-    def __init__(self, path: str, *, snapshot_every: int = 2000, max_snapshots: int = 48) -> None:
-        self.path = path
-        self.records = _DatabaseRecords(path) if is_journal_file(path) else _LineRecords(path)
+    def __init__(self, paths: list[str]) -> None:
+        from .sources import open_stream
+
+        self.path = ", ".join(paths)
+        stream, _origin = open_stream(paths)
+        self._entries = [item.entry for item in stream]
+        self._seqs = [e.seq for e in self._entries]
+
+    def last_seq(self) -> int:
+        return self._seqs[-1] if self._seqs else BEFORE_FIRST
+
+    def between(self, after: int, upto: int) -> Iterator[Entry]:
+        start = bisect.bisect_right(self._seqs, after)
+        end = bisect.bisect_right(self._seqs, upto)
+        return iter(self._entries[start:end])
+
+    def close(self) -> None:
+        pass
+
+
+def _records(paths: list[str]) -> _DatabaseRecords | _LineRecords | _MergedRecords:
+    if len(paths) > 1:
+        return _MergedRecords(paths)
+    if is_journal_file(paths[0]):
+        return _DatabaseRecords(paths[0])
+    return _LineRecords(paths[0])
+
+
+class TimeTravel:
+    """The ledger at any seq of a journal (or of several merged), with an overview
+    built in the background."""
+
+    def __init__(
+        self, path: str | list[str], *, snapshot_every: int = 2000, max_snapshots: int = 48
+    ) -> None:
+        paths = [path] if isinstance(path, str) else list(path)
+        self.path = ", ".join(paths)
+        self.records = _records(paths)
         self.last_seq = self.records.last_seq()
         self.kinds: Counter[str] = Counter()
         self.violations: list[Violation] = []

@@ -286,3 +286,113 @@ def test_screen_snapshots(tmp_path: Path, tab: str, request: pytest.FixtureReque
         golden.write_text(captured[0] + "\n")
     assert golden.exists(), f"no snapshot {golden.name}: run pytest --update-snapshots"
     assert captured[0] + "\n" == golden.read_text()
+
+
+def test_keys_pressed_in_a_modal_stay_in_it(tmp_path: Path) -> None:
+    app = Inspector(zoo(tmp_path), background=False)
+    seen: dict[str, object] = {}
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        start = app.cursor
+        await pilot.press("question_mark")
+        await pilot.pause()
+        await pilot.press("right", "right", "n", "end", "3")
+        seen["moved"] = (app.cursor, app.query_one(TabbedContent).active) != (start, "overview")
+        await pilot.press("q")  # closes the help, does not quit
+        await pilot.pause()
+        seen["after"] = (len(app.screen_stack), app.is_running)
+        await pilot.press("right")
+        seen["cursor"] = (start, app.cursor)
+
+    drive(app, script)
+    assert seen["moved"] is False
+    assert seen["after"] == (1, True)
+    start, cursor = seen["cursor"]  # type: ignore[misc]
+    assert cursor == start + 1
+
+
+def test_end_and_home_jump_to_the_last_and_first_record(tmp_path: Path) -> None:
+    app = Inspector(zoo(tmp_path), background=False)
+    seen: list[int] = []
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("end")
+        seen.append(app.cursor)
+        await pilot.press("home")
+        seen.append(app.cursor)
+
+    drive(app, script)
+    assert seen == [app.tt.last_seq, 1]
+
+
+def test_the_footer_shows_the_keys_one_cannot_guess_at_80_columns(tmp_path: Path) -> None:
+    app = Inspector(zoo(tmp_path), background=False)
+    shown: list[str] = []
+
+    async def run() -> None:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            footer = app.query_one("Footer")
+            shown.extend(
+                str(child.render()) for child in footer.query("FooterKey") if child.region.width
+            )
+
+    asyncio.run(run())
+    text = " ".join(shown)
+    for key, what in (("n", "next viol."), ("p", "prev viol."), ("/", "filter"),
+                      ("?", "help"), ("q", "quit")):  # fmt: skip
+        assert key in text and what in text, text
+
+
+def test_the_filter_searches_the_whole_journal_with_a_requests_job_records(
+    tmp_path: Path,
+) -> None:
+    # A long journal: the request's records lie far from the cursor at seq 1.
+    rec = Recorder.in_memory(block_size=4, world_size=1)
+    sched, worker = SchedulerLedger(rec), WorkerLedger(0, rec)
+    for i in range(200):
+        sched.admit(f"filler{i}", 4)
+    sched.admit("target", 4)
+    sched.assign_blocks("target", [0], resumed=False)
+    job = sched.enqueue_store_job("target", 0, 4, ["k"])
+    worker.register(JobSpec(job, "target", 0, ("k",)))
+    with worker.run(job) as run:
+        run.put_done(stored=1, existed=0)
+    path = tmp_path / "long.jsonl"
+    write_jsonl((to_record(e) for e in rec.entries or []), path)
+    app = Inspector(str(path), background=False)
+    found: list[list[str]] = []
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("6", "slash", *"req target", "enter")
+        await pilot.pause()
+        found.extend(rows(app, "events-table"))
+
+    drive(app, script)
+    records = [r[3] for r in found]
+    assert any("admitted target/0" in r for r in records)
+    # worker records name the job, not the request: the filter still takes them
+    assert any("started job 0" in r for r in records)
+    assert any("reported job 0" in r for r in records)
+    assert not any("filler" in r for r in records[1:])
+
+
+def test_several_journals_open_merged_like_replay(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    records = [json.loads(line) for line in Path(zoo(tmp_path)).read_text().splitlines()]
+    header = records[0]
+    sched = [r for r in records if "rank" not in r]
+    ranks = [dict(header), *(r for r in records if "rank" in r)]
+    for part in (sched, ranks):
+        for i, r in enumerate(part, 1):
+            r["seq"] = i
+    a, b = tmp_path / "sched.jsonl", tmp_path / "rank0.jsonl"
+    a.write_text("".join(json.dumps(r) + "\n" for r in sched))
+    b.write_text("".join(json.dumps(r) + "\n" for r in ranks))
+    merged = replay([str(a), str(b)])
+    travel = TimeTravel([str(a), str(b)])
+    travel.index()
+    assert travel.last_seq == merged.events
+    assert [v.code for v in travel.violations] == [v.code for v in merged.violations]
+    assert travel.ledger_at(merged.events) == merged.ledger
+    assert main(["inspect", "--once", str(a), str(b)]) == merged.exit_status
+    assert "violation(s)" in capsys.readouterr().out

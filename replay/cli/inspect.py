@@ -25,7 +25,12 @@ def add_parser(sub: Subparsers) -> None:
         "left/right a record, PgUp/PgDn a step, g go to seq, n/p next/previous violation, "
         "/ filter, Enter a row's timeline, ? help, q quit. The journal is opened read-only.",
     )
-    p.add_argument("path", metavar="PATH", help="journal database or .jsonl file")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="journal database or .jsonl file; several are one run, merged as replay merges them",
+    )
     p.add_argument("--follow", action="store_true", help="tail a journal being written")
     p.add_argument("--once", action="store_true", help="print the overview and violations")
     p.set_defaults(func=run)
@@ -33,17 +38,21 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The terminal UI, or with --once the overview and violations as text."""
-    path = args.path
-    if not os.path.exists(path):
-        return unusable(RecordError("no such file", path=path), as_json=False)
+    for path in args.paths:
+        if not os.path.exists(path):
+            return unusable(RecordError("no such file", path=path), as_json=False)
+    if args.follow and len(args.paths) > 1:
+        print("kvstate: error: --follow takes one journal", file=sys.stderr)
+        return EXIT_UNUSABLE
+    target = args.paths[0] if len(args.paths) == 1 else list(args.paths)
     try:
         from ..tui.inspector import Inspector, once
 
         if args.once:
-            text, status = once(path)
+            text, status = once(target)
             emit(report_console(), text)
             return status
-        app = Inspector(path, follow=args.follow)
+        app = Inspector(target, follow=args.follow)
     except ImportError as exc:
         print(f"kvstate: error: the inspector needs the 'tui' extra ({exc})", file=sys.stderr)
         return EXIT_UNUSABLE

@@ -8,6 +8,7 @@ from it is shown literally (``rich.text.Text``, never markup).
 
 from __future__ import annotations
 
+import bisect
 import sys
 from typing import Any
 
@@ -23,6 +24,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 
 from journal import RecordError
+from journal.database import BEFORE_FIRST
+from kvstate.codec import Entry
 from kvstate.ledger import Ledger
 from kvstate.violations import CODE_ORDER, Violation
 from replay.explain import describe, explain, lane
@@ -63,6 +66,25 @@ class Filter:
             return True
         wanted = [self.field] if self.field != "any" else list(fields)
         return any(str(fields.get(name)) == self.value for name in wanted if name in fields)
+
+    def record_matcher(self) -> Any:
+        """A predicate over events in journal order. ``req R`` also takes the
+        records of R's jobs (worker records name the job, not the request),
+        ``job J`` the records of J and of its incarnation, as a timeline does."""
+        if self.field == "req":
+            return selector(self.value, None)
+        if self.field == "job" and self.value.isdigit():
+            return selector(None, int(self.value))
+
+        def wanted(e: Any) -> bool:
+            return self.matches(
+                req=getattr(e, "req", None),
+                job=getattr(e, "job", None),
+                rank=getattr(e, "rank", None),
+                kind=e.kind,
+            )
+
+        return wanted
 
 
 def overview(tt: TimeTravel) -> RenderableType:
@@ -197,21 +219,31 @@ class Inspector(App[None]):
     AskScreen > Static { width: 60; }
     AskScreen > Input { width: 60; }
     """
+    # The footer shows the five keys one cannot guess (n, p, /, ?, q), so they
+    # fit 80 columns; ? lists the rest.
     BINDINGS = [
-        Binding("left", "move(-1)", "prev record", priority=True),
-        Binding("right", "move(1)", "next record", priority=True),
-        Binding("pageup", "step(-1)", "prev step", priority=True),
-        Binding("pagedown", "step(1)", "next step", priority=True),
-        Binding("g", "goto", "go to seq"),
-        Binding("n", "violation(1)", "next violation"),
-        Binding("p", "violation(-1)", "prev violation"),
+        Binding("left", "move(-1)", "prev record", show=False, priority=True),
+        Binding("right", "move(1)", "next record", show=False, priority=True),
+        Binding("pageup", "step(-1)", "prev step", show=False, priority=True),
+        Binding("pagedown", "step(1)", "next step", show=False, priority=True),
+        Binding("home", "edge(-1)", "first record", show=False, priority=True),
+        Binding("end", "edge(1)", "last record", show=False, priority=True),
+        Binding("g", "goto", "go to seq", show=False),
+        Binding("n", "violation(1)", "next viol."),
+        Binding("p", "violation(-1)", "prev viol."),
         Binding("slash", "filter", "filter"),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
         *(Binding(str(i + 1), f"tab('{name}')", name, show=False) for i, name in enumerate(TABS)),
     ]
+    #: the actions of the main view, which a modal screen must not trigger
+    VIEW_ACTIONS = frozenset(
+        {"move", "step", "edge", "goto", "violation", "filter", "help", "tab", "quit"}
+    )
 
-    def __init__(self, path: str, *, follow: bool = False, background: bool = True) -> None:
+    def __init__(
+        self, path: str | list[str], *, follow: bool = False, background: bool = True
+    ) -> None:
         super().__init__()
         self.tt = TimeTravel(path)
         self.follow = follow
@@ -223,6 +255,12 @@ class Inspector(App[None]):
         self._settle_timer: Any = None
         self._seen_last = self.tt.last_seq
         self._targets: dict[str, tuple[str, str | int]] = {}
+        #: the whole journal's records that match the filter: (filter, last seq, entries)
+        self._matched: tuple[str, int, list[Entry]] | None = None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Keys pressed in a modal (help, a timeline, go to, filter) stay there."""
+        return not (action in self.VIEW_ACTIONS and len(self.screen_stack) > 1)
 
     # -- layout ---------------------------------------------------------------------
 
@@ -308,6 +346,10 @@ class Inspector(App[None]):
     def action_move(self, delta: int) -> None:
         self.go(self.cursor + delta)
 
+    def action_edge(self, direction: int) -> None:
+        """Home: the first record; End: the last."""
+        self.go(self.tt.last_seq if direction > 0 else min(1, self.tt.last_seq))
+
     def action_step(self, direction: int) -> None:
         self.go(self.tt.step_start(self.cursor, direction))
 
@@ -375,7 +417,7 @@ class Inspector(App[None]):
         wanted = selector(
             str(value) if what == "req" else None, int(value) if what == "job" else None
         )
-        entries = [e for e in self.tt.entries(0, self.tt.last_seq) if wanted(e.event)]
+        entries = [e for e in self.tt.entries(BEFORE_FIRST, self.tt.last_seq) if wanted(e.event)]
         marks: dict[int, list[Violation]] = {}
         for v in self.tt.violations:
             marks.setdefault(v.seq, []).append(v)
@@ -569,29 +611,37 @@ class Inspector(App[None]):
         lanes = lanes_table([records[s] for s in chain], {v.seq: [v]}, "chain", plain=False)
         story.update(RichGroup(head, lanes))
 
+    def _filtered(self) -> list[Entry]:
+        """Every record of the whole journal that the filter takes (cached per filter)."""
+        key = str(self.filter)
+        if self._matched is None or self._matched[:2] != (key, self.tt.last_seq):
+            wanted = self.filter.record_matcher()
+            found = [e for e in self.tt.entries(BEFORE_FIRST, self.tt.last_seq) if wanted(e.event)]
+            self._matched = (key, self.tt.last_seq, found)
+        return self._matched[2]
+
     def _render_events(self) -> None:
         table = self._table("events-table", "seq", "step", "lane", "record", "violations")
-        start = max(0, self.cursor - EVENTS_AROUND)
-        entries = self.tt.entries(start, min(self.tt.last_seq, self.cursor + EVENTS_AROUND))
+        if self.filter:
+            # The filter searches the whole journal; show the matches around the cursor.
+            matched = self._filtered()
+            here = bisect.bisect_left([e.seq for e in matched], self.cursor)
+            entries = matched[max(0, here - EVENTS_AROUND) : here + EVENTS_AROUND]
+        else:
+            start = max(BEFORE_FIRST, self.cursor - EVENTS_AROUND)
+            entries = self.tt.entries(start, min(self.tt.last_seq, self.cursor + EVENTS_AROUND))
+        last = entries[-1].seq if entries else self.cursor
         marks: dict[int, list[str]] = {}
-        for v in self.tt.violations_upto(self.cursor + EVENTS_AROUND):
+        for v in self.tt.violations_upto(max(last, self.cursor)):
             marks.setdefault(v.seq, []).append(v.code.value)
         row = 0
         for entry in entries:
             e: Any = entry.event
-            fields = {
-                "req": getattr(e, "req", None),
-                "job": getattr(e, "job", None),
-                "rank": getattr(e, "rank", None),
-                "kind": e.kind,
-            }
-            if not self.filter.matches(**fields) and entry.seq != self.cursor:
-                continue
+            job, req = getattr(e, "job", None), getattr(e, "req", None)
             style = "bold reverse" if entry.seq == self.cursor else ""
-            if fields["job"] is not None:
-                target: tuple[str, str | int] | None = ("job", fields["job"])
-            else:
-                target = ("req", fields["req"]) if fields["req"] else None
+            target: tuple[str, str | int] | None = (
+                ("job", job) if job is not None else (("req", req) if req else None)
+            )
             cells = [
                 _t(entry.seq, style), _t(entry.step), _t(lane(e)), _t(describe(e), style),
                 _t(", ".join(marks.get(entry.seq, [])), "red"),
@@ -602,7 +652,7 @@ class Inspector(App[None]):
         self.call_after_refresh(table.move_cursor, row=row)
 
 
-def once(path: str) -> tuple[RenderableType, int]:
+def once(path: str | list[str]) -> tuple[RenderableType, int]:
     """``--once``: the overview and the violations, for CI logs and pipes.
 
     Returns the text and replay's exit status for the same bytes: 0 clean,
@@ -616,7 +666,7 @@ def once(path: str) -> tuple[RenderableType, int]:
     if tt.error is not None:
         raise tt.error
     if tt.empty:
-        raise RecordError("journal is empty: no journal_opened record", path=path)
+        raise RecordError("journal is empty: no journal_opened record", path=tt.path)
     parts: list[RenderableType] = [overview(tt)]
     if tt.violations:
         table = Table(title="violations", box=box.SIMPLE_HEAD, title_justify="left")
