@@ -1,6 +1,6 @@
 """The event vocabulary of journal v1: one immutable value type per kind.
 
-Each kind of ``shared/spec/journal-v1.md`` is a frozen, slotted ``attrs``
+Each kind of the journal v1 contract (``docs/events.md``) is a frozen, slotted ``attrs``
 class whose fields are validated at construction: ids are non-negative
 integers, enumerations take only their values, block lists become tuples. The
 envelope (``seq``, ``step``, ``ts``) belongs to the journal record, not to the

@@ -4,8 +4,8 @@ For the bug zoo only; never for production. Each override below is the old
 code path, rewritten against our ledgers, so the journal it writes is what
 the old connector would have written. Replay must flag it; the fixed policy
 (the plain :class:`SchedulerLedger` / :class:`WorkerLedger`) running the same
-script must come out clean. The upstream history is in ``shared/seeds/`` and
-``docs/bug-zoo.md``.
+script must come out clean. ``docs/bug-zoo.md`` cites each upstream vLLM
+issue and PR.
 
 The behaviours, their upstream history, and what replay says:
 

@@ -1,7 +1,7 @@
 """The bug zoo: one scripted interleaving per seeded upstream bug.
 
-Each :class:`Case` is a short script written from the description of a bug
-in ``shared/seeds/``. It runs on a :class:`Stage` (a tiny engine: a block
+Each :class:`Case` is a short script written from the description of an
+upstream vLLM bug (issue and PR numbers in ``docs/bug-zoo.md``). It runs on a :class:`Stage` (a tiny engine: a block
 pool with least-recently-freed reuse, KV content per block, a store where the
 first put of a key wins, and one sending queue per rank) under a policy. The
 same script under the ``legacy`` policy must produce a journal that replay

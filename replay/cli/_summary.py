@@ -8,6 +8,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from kvstate.violations import CODE_ORDER, Code
+
 
 def summary_table(summaries: list[Any]) -> Table:
     """Runs side by side: what they did and what went wrong."""
@@ -32,7 +34,8 @@ def summary_table(summaries: list[Any]) -> Table:
     ]
     for name, value in rows:
         table.add_row(name, *(Text(str(value(s))) for s in summaries))
-    codes = sorted({c for s in summaries for c in s.violations})
+    # in the contract's order (docs/events.md), not alphabetically
+    codes = sorted({c for s in summaries for c in s.violations}, key=lambda c: CODE_ORDER[Code(c)])
     for code in codes:
         table.add_row(f"replay: {code}", *(Text(str(s.violations.get(code, 0))) for s in summaries))
     if not codes:
