@@ -28,9 +28,10 @@ system-packages:
 demo: setup
 	$(BIN)/kvstate demo --out demo --force
 
-# ruff first, so the last line CI prints is pytest's summary.
+# ruff and mypy first, so the last line CI prints is pytest's summary.
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -O -m pytest -p no:cacheprovider -W ignore::pytest.PytestConfigWarning
 	$(BIN)/python -m pytest
 

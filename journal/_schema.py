@@ -49,7 +49,7 @@ def create(conn: sqlite3.Connection) -> None:
 
     db = sqlite_utils.Database(conn)
     if TABLE not in db.table_names():
-        db[TABLE].create(
+        db.table(TABLE).create(
             {
                 "seq": int,
                 "kind": str,
@@ -64,8 +64,8 @@ def create(conn: sqlite3.Connection) -> None:
             strict=True,
         )
     if "schema_version" not in db.table_names():
-        db["schema_version"].create({"version": int}, strict=True)
-        db["schema_version"].insert({"version": SCHEMA_VERSION})
+        db.table("schema_version").create({"version": int}, strict=True)
+        db.table("schema_version").insert({"version": SCHEMA_VERSION})
     conn.executescript(_TRIGGERS)
 
 

@@ -25,7 +25,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from .database import Journal
 from .errors import JournalError
@@ -35,7 +35,7 @@ T = TypeVar("T")
 _STOP = object()
 
 #: writers still open, flushed at interpreter exit
-_OPEN: weakref.WeakSet[JournalWriter[object]] = weakref.WeakSet()
+_OPEN: weakref.WeakSet[JournalWriter[Any]] = weakref.WeakSet()
 
 
 @atexit.register
@@ -78,7 +78,7 @@ class JournalWriter(Generic[T]):
             self._queue = queue.Queue()
             self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
             self._thread.start()
-        _OPEN.add(self)  # type: ignore[arg-type]
+        _OPEN.add(self)
 
     def append(self, item: T) -> None:
         """Add one item to the current batch (no I/O); refused once the writer is closed."""
@@ -133,7 +133,7 @@ class JournalWriter(Generic[T]):
             except queue.Empty:
                 return
             if batch is not _STOP:
-                self._write(batch)  # type: ignore[arg-type]
+                self._write(cast("list[T]", batch))
 
     def flush(self) -> None:
         """Commit and wait until everything handed over is on disk."""
@@ -147,7 +147,7 @@ class JournalWriter(Generic[T]):
             self.flush()
         finally:
             self._closed = True
-            _OPEN.discard(self)  # type: ignore[arg-type]
+            _OPEN.discard(self)
             if self._thread is not None and self._queue is not None:
                 self._queue.put(_STOP)
                 self._thread.join()
@@ -170,7 +170,7 @@ class JournalWriter(Generic[T]):
             batch = q.get()
             if batch is _STOP:
                 return
-            self._write(batch)  # type: ignore[arg-type]
+            self._write(cast("list[T]", batch))
 
     def _write(self, batch: list[T]) -> None:
         try:

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from journal import Record, RecordError
 
-from .events import EVENT_TYPES, SIDE_WORKER, Event
+from .events import EVENT_TYPES, SIDE_WORKER, Event, rank_of
 
 
 class Entry(NamedTuple):
@@ -46,7 +46,7 @@ def event_payload(event: Event) -> dict[str, Any]:
 def to_record(entry: Entry) -> Record:
     """The journal record of an entry (worker events put their rank in the envelope)."""
     event = entry.event
-    rank = event.rank if event.side == SIDE_WORKER else None  # type: ignore[attr-defined]
+    rank = rank_of(event)
     return Record(entry.seq, event.kind, event_payload(event), entry.step, rank, entry.ts)
 
 
@@ -62,24 +62,27 @@ def from_record(record: Record, *, path: str | None = None, line: int | None = N
     field, or a missing ``step`` / ``rank``; the error names ``path`` and
     ``line`` when given, else the record's ``seq``.
     """
-    where = {"path": path, "line": line, "seq": record.seq}
+
+    def bad(message: str) -> RecordError:
+        return RecordError(message, path=path, line=line, seq=record.seq)
+
     cls = EVENT_TYPES.get(record.kind)
     if cls is None:
-        raise RecordError(f"unknown kind {record.kind!r}", **where)
+        raise bad(f"unknown kind {record.kind!r}")
     if record.step is None:
-        raise RecordError(f"{record.kind} record has no 'step'", **where)
+        raise bad(f"{record.kind} record has no 'step'")
     if record.step < 0:
-        raise RecordError(f"'step' must be non-negative, not {record.step}", **where)
+        raise bad(f"'step' must be non-negative, not {record.step}")
     payload = record.payload
     missing = [name for name in cls.required_fields if name not in payload]
     if missing:
-        raise RecordError(f"{record.kind} record lacks {', '.join(map(repr, missing))}", **where)
+        raise bad(f"{record.kind} record lacks {', '.join(map(repr, missing))}")
     known = cls.payload_fields
     kwargs = {name: payload[name] for name in known if name in payload}
     extra = {name: value for name, value in payload.items() if name not in known}
     if cls.side == SIDE_WORKER:
         if record.rank is None:
-            raise RecordError(f"{record.kind} is a worker record and needs 'rank'", **where)
+            raise bad(f"{record.kind} is a worker record and needs 'rank'")
         kwargs["rank"] = record.rank
         extra.pop("rank", None)
     elif record.rank is not None:
@@ -88,5 +91,5 @@ def from_record(record: Record, *, path: str | None = None, line: int | None = N
     try:
         event = cls(**kwargs, extra=extra) if extra else cls(**kwargs)
     except (TypeError, ValueError) as exc:
-        raise RecordError(f"{record.kind}: {exc}", **where) from exc
+        raise bad(f"{record.kind}: {exc}") from exc
     return Entry(record.seq, record.step, record.ts, event)

@@ -13,9 +13,9 @@ so a round trip preserves them; the fold ignores them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 
@@ -30,6 +30,8 @@ MODES = ("append", "replace")
 SKIP_REASONS = ("stale", "pressure", "empty", "error")
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+#: an attrs validator: (instance, attribute, value) -> None, raising on a bad value
+Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 _INF = float("inf")
 
 
@@ -47,18 +49,18 @@ MAX_WORLD_SIZE = 1 << 16
 MAX_BLOCK_SIZE = 1 << 24
 
 
-def _nonneg(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+def _nonneg(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if type(value) is not int or not 0 <= value <= INT_MAX:
         raise ValueError(f"'{attribute.name}' must be a non-negative integer, not {value!r}")
 
 
-def _positive(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+def _positive(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if type(value) is not int or not 0 < value <= INT_MAX:
         raise ValueError(f"'{attribute.name}' must be a positive integer, not {value!r}")
 
 
-def _at_most(limit: int):  # type: ignore[no-untyped-def]
-    def check(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+def _at_most(limit: int) -> Validator:
+    def check(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
         _positive(_inst, attribute, value)
         if value > limit:
             raise ValueError(f"'{attribute.name}' {value} is larger than any engine ({limit})")
@@ -66,30 +68,30 @@ def _at_most(limit: int):  # type: ignore[no-untyped-def]
     return check
 
 
-def _string(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+def _string(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if type(value) is not str:
         raise ValueError(f"'{attribute.name}' must be a string, not {value!r}")
 
 
-def _opt_string(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+def _opt_string(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is not None and type(value) is not str:
         raise ValueError(f"'{attribute.name}' must be a string or null, not {value!r}")
 
 
-def _boolean(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+def _boolean(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if type(value) is not bool:
         raise ValueError(f"'{attribute.name}' must be true or false, not {value!r}")
 
 
-def _scalar(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+def _scalar(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is not None and type(value) not in (str, int, float, bool):
         raise ValueError(f"'{attribute.name}' must be a string or number, not {value!r}")
     if type(value) is float and (value != value or value in (_INF, -_INF)):
         raise ValueError(f"'{attribute.name}' must be a finite number, not {value!r}")
 
 
-def _one_of(values: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    def check(_inst: object, attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+def _one_of(values: tuple[str, ...]) -> Validator:
+    def check(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
         if value not in values:
             allowed = ", ".join(values)
             raise ValueError(f"'{attribute.name}' must be one of {allowed}, not {value!r}")
@@ -126,20 +128,12 @@ def _opt_hashes(value: Any) -> tuple[str | int, ...] | None:
     return tuple(value)
 
 
-def _req() -> Any:
-    return attrs.field(validator=_string)
-
-
-def _id() -> Any:
-    return attrs.field(validator=_nonneg)
-
-
 # -- the base class and the registry -------------------------------------------------
 
 EVENT_TYPES: dict[str, type[Event]] = {}
 
 
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=True, kw_only=True)
 class Event:
     """Base of every event kind. ``kind`` and ``side`` are class constants."""
 
@@ -161,10 +155,13 @@ class Event:
         return self
 
 
-def _kind(name: str, side: str):  # type: ignore[no-untyped-def]
+E = TypeVar("E", bound="Event")
+
+
+def _kind(name: str, side: str) -> Callable[[type[E]], type[E]]:
     """Register an event class under its journal kind name."""
 
-    def register(cls: type[Event]) -> type[Event]:
+    def register(cls: type[E]) -> type[E]:
         cls.kind = name
         cls.side = side
         fields = [a for a in attrs.fields(cls) if a.name not in ("extra", "rank")]
@@ -180,7 +177,7 @@ def _kind(name: str, side: str):  # type: ignore[no-untyped-def]
 # -- journal header ----------------------------------------------------------------
 
 
-def _version(_inst: object, _attribute: attrs.Attribute, value: Any) -> None:  # type: ignore[type-arg]
+def _version(_inst: object, _attribute: attrs.Attribute[Any], value: Any) -> None:
     if value != JOURNAL_VERSION or type(value) is not int:
         raise ValueError(f"unknown journal version {value!r} (this reader knows version 1)")
 
@@ -230,9 +227,9 @@ def header_problem(first: JournalOpened | None, event: Event) -> str | None:
 class RequestAdmitted(Event):
     """A new incarnation ``(req, gen)`` of a request starts."""
 
-    req: str = _req()
-    gen: int = _id()
-    prompt_tokens: int = _id()
+    req: str = attrs.field(validator=_string)
+    gen: int = attrs.field(validator=_nonneg)
+    prompt_tokens: int = attrs.field(validator=_nonneg)
     hashes: tuple[str | int, ...] | None = attrs.field(default=None, converter=_opt_hashes)
 
 
@@ -241,8 +238,8 @@ class RequestAdmitted(Event):
 class RequestResumed(Event):
     """A preempted request runs again as a new, greater generation."""
 
-    req: str = _req()
-    gen: int = _id()
+    req: str = attrs.field(validator=_string)
+    gen: int = attrs.field(validator=_nonneg)
 
 
 @_kind("blocks_assigned", SIDE_SCHEDULER)
@@ -250,8 +247,8 @@ class RequestResumed(Event):
 class BlocksAssigned(Event):
     """Blocks join an incarnation's table (``append``) or become it (``replace``)."""
 
-    req: str = _req()
-    gen: int = _id()
+    req: str = attrs.field(validator=_string)
+    gen: int = attrs.field(validator=_nonneg)
     blocks: tuple[int, ...] = attrs.field(converter=_ids)
     mode: str = attrs.field(validator=_one_of(MODES))
     cached: tuple[int, ...] = attrs.field(default=(), converter=_ids)
@@ -262,8 +259,8 @@ class BlocksAssigned(Event):
 class RequestPreempted(Event):
     """The incarnation's table refs are dropped; enqueued jobs keep their pins."""
 
-    req: str = _req()
-    gen: int = _id()
+    req: str = attrs.field(validator=_string)
+    gen: int = attrs.field(validator=_nonneg)
 
 
 @_kind("request_finished", SIDE_SCHEDULER)
@@ -271,8 +268,8 @@ class RequestPreempted(Event):
 class RequestFinished(Event):
     """Finish or abort, legal in any state; ``hold`` keeps the table refs."""
 
-    req: str = _req()
-    gen: int = _id()
+    req: str = attrs.field(validator=_string)
+    gen: int = attrs.field(validator=_nonneg)
     hold: bool = attrs.field(default=False, validator=_boolean)
     aborted: bool = attrs.field(default=False, validator=_boolean)
 
@@ -282,8 +279,8 @@ class RequestFinished(Event):
 class HeldBlocksReleased(Event):
     """Drops the refs kept by a ``hold`` finish."""
 
-    req: str = _req()
-    gen: int = _id()
+    req: str = attrs.field(validator=_string)
+    gen: int = attrs.field(validator=_nonneg)
 
 
 @_kind("job_enqueued", SIDE_SCHEDULER)
@@ -291,11 +288,11 @@ class HeldBlocksReleased(Event):
 class JobEnqueued(Event):
     """A store job of the current incarnation; its ``pins`` gain a ref each."""
 
-    job: int = _id()
-    req: str = _req()
-    gen: int = _id()
-    token_start: int = _id()
-    token_end: int = _id()
+    job: int = attrs.field(validator=_nonneg)
+    req: str = attrs.field(validator=_string)
+    gen: int = attrs.field(validator=_nonneg)
+    token_start: int = attrs.field(validator=_nonneg)
+    token_end: int = attrs.field(validator=_nonneg)
     reads: tuple[int, ...] = attrs.field(converter=_ids)
     pins: tuple[int, ...] = attrs.field(converter=_ids)
     keys: tuple[str, ...] = attrs.field(converter=_strings)
@@ -314,8 +311,8 @@ class JobEnqueued(Event):
 class CompletionsReceived(Event):
     """The scheduler consumed ``count`` completion reports of ``job``."""
 
-    job: int = _id()
-    count: int = _id()
+    job: int = attrs.field(validator=_nonneg)
+    count: int = attrs.field(validator=_nonneg)
 
 
 @_kind("pins_released", SIDE_SCHEDULER)
@@ -323,7 +320,7 @@ class CompletionsReceived(Event):
 class PinsReleased(Event):
     """The job's pins are dropped, in the order given."""
 
-    job: int = _id()
+    job: int = attrs.field(validator=_nonneg)
     blocks: tuple[int, ...] = attrs.field(converter=_ids)
 
 
@@ -344,17 +341,13 @@ class EngineIdle(Event):
 # -- worker side -------------------------------------------------------------------
 
 
-def _rank() -> Any:
-    return attrs.field(validator=_nonneg)
-
-
 @_kind("job_received", SIDE_WORKER)
 @attrs.frozen(slots=True)
 class JobReceived(Event):
     """The rank registered the job in its ledger before queueing it."""
 
-    job: int = _id()
-    rank: int = _rank()
+    job: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
 
 
 @_kind("preemption_seen", SIDE_WORKER)
@@ -362,9 +355,9 @@ class JobReceived(Event):
 class PreemptionSeen(Event):
     """The rank learned that ``(req, gen)`` is preempted or finished."""
 
-    req: str = _req()
-    gen: int = _id()
-    rank: int = _rank()
+    req: str = attrs.field(validator=_string)
+    gen: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
 
 
 @_kind("job_started", SIDE_WORKER)
@@ -372,8 +365,8 @@ class PreemptionSeen(Event):
 class JobStarted(Event):
     """Dequeued and passed the liveness check."""
 
-    job: int = _id()
-    rank: int = _rank()
+    job: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
 
 
 @_kind("job_skipped", SIDE_WORKER)
@@ -381,8 +374,8 @@ class JobStarted(Event):
 class JobSkipped(Event):
     """The job ends without a store call; touches no request state."""
 
-    job: int = _id()
-    rank: int = _rank()
+    job: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
     reason: str = attrs.field(validator=_one_of(SKIP_REASONS))
 
 
@@ -391,8 +384,8 @@ class JobSkipped(Event):
 class DmaStarted(Event):
     """The device read of the job's ``reads`` began."""
 
-    job: int = _id()
-    rank: int = _rank()
+    job: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
 
 
 @_kind("dma_done", SIDE_WORKER)
@@ -400,8 +393,8 @@ class DmaStarted(Event):
 class DmaDone(Event):
     """The device read finished; ``digest`` fingerprints the bytes read."""
 
-    job: int = _id()
-    rank: int = _rank()
+    job: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
     digest: Any = attrs.field(default=None, validator=_scalar)
 
 
@@ -410,10 +403,10 @@ class DmaDone(Event):
 class PutDone(Event):
     """The store accepted the job's keys."""
 
-    job: int = _id()
-    rank: int = _rank()
-    stored: int = _id()
-    existed: int = _id()
+    job: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
+    stored: int = attrs.field(validator=_nonneg)
+    existed: int = attrs.field(validator=_nonneg)
 
 
 @_kind("put_failed", SIDE_WORKER)
@@ -421,8 +414,8 @@ class PutDone(Event):
 class PutFailed(Event):
     """The store call failed."""
 
-    job: int = _id()
-    rank: int = _rank()
+    job: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
     error: str = attrs.field(validator=_string)
 
 
@@ -431,10 +424,10 @@ class PutFailed(Event):
 class OffsetSaved(Event):
     """Effect: the rank advanced its resume offset for ``req``."""
 
-    job: int = _id()
-    rank: int = _rank()
-    req: str = _req()
-    offset: int = _id()
+    job: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
+    req: str = attrs.field(validator=_string)
+    offset: int = attrs.field(validator=_nonneg)
 
 
 @_kind("request_marked_skipped", SIDE_WORKER)
@@ -442,9 +435,9 @@ class OffsetSaved(Event):
 class RequestMarkedSkipped(Event):
     """Effect: the rank marked ``req`` as skipped under pressure."""
 
-    job: int = _id()
-    rank: int = _rank()
-    req: str = _req()
+    job: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
+    req: str = attrs.field(validator=_string)
 
 
 @_kind("retry_tokens_set", SIDE_WORKER)
@@ -452,11 +445,11 @@ class RequestMarkedSkipped(Event):
 class RetryTokensSet(Event):
     """Effect: the rank kept a token suffix for a KV-event retry."""
 
-    job: int = _id()
-    rank: int = _rank()
-    req: str = _req()
-    start: int = _id()
-    count: int = _id()
+    job: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
+    req: str = attrs.field(validator=_string)
+    start: int = attrs.field(validator=_nonneg)
+    count: int = attrs.field(validator=_nonneg)
 
 
 @_kind("retry_tokens_cleared", SIDE_WORKER)
@@ -464,9 +457,9 @@ class RetryTokensSet(Event):
 class RetryTokensCleared(Event):
     """Effect: the rank dropped its retry state for ``req``."""
 
-    job: int = _id()
-    rank: int = _rank()
-    req: str = _req()
+    job: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
+    req: str = attrs.field(validator=_string)
 
 
 @_kind("kv_block_stored", SIDE_WORKER)
@@ -474,8 +467,8 @@ class RetryTokensCleared(Event):
 class KvBlockStored(Event):
     """A KV event was published for ``key`` with that parent."""
 
-    job: int = _id()
-    rank: int = _rank()
+    job: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
     key: str = attrs.field(validator=_string)
     parent: str | None = attrs.field(validator=_opt_string)
 
@@ -485,9 +478,9 @@ class KvBlockStored(Event):
 class RequestRetired(Event):
     """Effect: the rank declared every save of ``(req, gen)`` done."""
 
-    req: str = _req()
-    gen: int = _id()
-    rank: int = _rank()
+    req: str = attrs.field(validator=_string)
+    gen: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
 
 
 @_kind("job_reported", SIDE_WORKER)
@@ -495,8 +488,8 @@ class RequestRetired(Event):
 class JobReported(Event):
     """The rank reported the job complete; every path out of a job ends here once."""
 
-    job: int = _id()
-    rank: int = _rank()
+    job: int = attrs.field(validator=_nonneg)
+    rank: int = attrs.field(validator=_nonneg)
 
 
 # -- audit -------------------------------------------------------------------------
@@ -520,8 +513,8 @@ class KeyVerified(Event):
 class LoadVerified(Event):
     """A request loaded ``key`` and compared it with what it should be."""
 
-    req: str = _req()
-    gen: int = _id()
+    req: str = attrs.field(validator=_string)
+    gen: int = attrs.field(validator=_nonneg)
     key: str = attrs.field(validator=_string)
     ok: bool = attrs.field(validator=_boolean)
     #: addition: the store job whose put wrote the loaded value, when known
@@ -552,6 +545,12 @@ EFFECT_KINDS = frozenset(
         "request_retired",
     }
 )
+
+
+def rank_of(event: Event) -> int | None:
+    """The rank of a worker event; None for every other side."""
+    return getattr(event, "rank", None) if event.side == SIDE_WORKER else None
+
 
 WORKER_KINDS = frozenset(k for k, c in EVENT_TYPES.items() if c.side == SIDE_WORKER)
 SCHEDULER_KINDS = frozenset(k for k, c in EVENT_TYPES.items() if c.side == SIDE_SCHEDULER)

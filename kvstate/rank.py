@@ -23,14 +23,20 @@ from .violations import Code, Violation, finding
 
 
 class JobInfo(Protocol):
-    """What a rank must know about a job to judge its records."""
+    """What a rank must know about a job to judge its records (read only)."""
 
-    job: int
-    req: str
-    gen: int
-    keys: tuple[str, ...]
-    parent: str | None
-    enqueued_seq: int | None
+    @property
+    def job(self) -> int: ...
+    @property
+    def req(self) -> str: ...
+    @property
+    def gen(self) -> int: ...
+    @property
+    def keys(self) -> tuple[str, ...]: ...
+    @property
+    def parent(self) -> str | None: ...
+    @property
+    def enqueued_seq(self) -> int | None: ...
 
 
 Out = list[Violation]

@@ -78,15 +78,17 @@ class Recorder:
         keep: bool = False,
         clock: Callable[[], int] = time.monotonic_ns,
         synchronous: str = "NORMAL",
-        **descriptive: str,
+        policy: str | None = None,
+        engine: str | None = None,
+        created: str | None = None,
     ) -> Recorder:
         """A recorder writing a new journal database at ``path``.
 
         ``synchronous`` is the journal's durability level: ``NORMAL`` (a
         committed step survives the process being killed) or ``FULL`` (it
         also survives a power loss); see :mod:`journal.database`.
-        ``descriptive`` fields (``policy``, ``engine``, ``created``) go into
-        the ``journal_opened`` header.
+        ``policy``, ``engine`` and ``created`` are descriptive fields of the
+        ``journal_opened`` header.
         """
         journal = Journal(path, synchronous=synchronous)
         if len(journal):
@@ -95,15 +97,20 @@ class Recorder:
         journal.create_views(journal_views())
         writer: JournalWriter[Entry] = JournalWriter(journal, to_record, background=background)
         header = JournalOpened(
-            version=1, block_size=block_size, world_size=world_size, **descriptive
+            version=1,
+            block_size=block_size,
+            world_size=world_size,
+            policy=policy,
+            engine=engine,
+            created=created,
         )
         return cls(header, writer, keep=keep, clock=clock)
 
     @classmethod
-    def in_memory(cls, *, block_size: int, world_size: int, **descriptive: str) -> Recorder:
+    def in_memory(cls, *, block_size: int, world_size: int, policy: str | None = None) -> Recorder:
         """A recorder that keeps entries in :attr:`entries` only."""
         header = JournalOpened(
-            version=1, block_size=block_size, world_size=world_size, **descriptive
+            version=1, block_size=block_size, world_size=world_size, policy=policy
         )
         return cls(header, None, keep=True)
 

@@ -113,9 +113,12 @@ def chain_of(*seqs: int | None) -> tuple[int, ...]:
 
 
 class _Job(Protocol):
-    job: int
-    req: str
-    gen: int
+    @property
+    def job(self) -> int: ...
+    @property
+    def req(self) -> str: ...
+    @property
+    def gen(self) -> int: ...
 
 
 def finding(

@@ -27,6 +27,10 @@ from .recorder import Recorder
 from .violations import Violation, raise_for
 
 
+def _strings(keys: Iterable[str]) -> tuple[str, ...]:
+    return tuple(keys)
+
+
 @attrs.frozen(slots=True)
 class JobSpec:
     """What a rank knows about a job, from the scheduler's metadata."""
@@ -34,7 +38,7 @@ class JobSpec:
     job: int
     req: str
     gen: int
-    keys: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    keys: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     parent: str | None = None
     #: a worker does not see the scheduler's journal; chains omit the enqueue
     enqueued_seq: None = None

@@ -25,7 +25,7 @@ Records = Mapping[int, Entry]
 def lane(event: ev.Event) -> str:
     """The timeline lane of an event: the scheduler, a rank, or the audit."""
     if event.side == ev.SIDE_WORKER:
-        return f"rank {event.rank}"  # type: ignore[attr-defined]
+        return f"rank {ev.rank_of(event)}"
     return "audit" if event.side == ev.SIDE_AUDIT else "scheduler"
 
 
@@ -119,7 +119,7 @@ def explain(v: Violation, records: Records) -> str:
         rest = [s for s in v.chain if enq is None or s != enq.seq]
         taken = rest[-1] if rest else None
         freed = rest[-2] if len(rest) > 1 else None
-        pins = list(enq.event.pins) if enq else []  # type: ignore[attr-defined]
+        pins = list(enq.event.pins) if enq and isinstance(enq.event, ev.JobEnqueued) else []
         return (
             f"Job {v.job} of request {v.req} (generation {v.gen}) read block {v.block} on rank "
             f"{v.rank}, but the block no longer held {inc}'s KV: at {_at(records, freed)} it lost "

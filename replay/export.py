@@ -32,7 +32,8 @@ _MARKERS = {"request_admitted", "request_resumed", "request_preempted", "request
 
 
 def _pid(event: ev.Event) -> int:
-    return 2 + event.rank if event.side == ev.SIDE_WORKER else SCHEDULER_PID  # type: ignore[attr-defined]
+    rank = ev.rank_of(event)
+    return SCHEDULER_PID if rank is None else 2 + rank
 
 
 class _Trace:

@@ -80,21 +80,23 @@ def slice_for(target: Violation, entries: Sequence[Entry]) -> list[Entry]:
     if target.key is not None:
         keys.add(target.key)
     # Requests of the jobs, and jobs of the requests, until nothing new appears.
-    enqueued = {e.event.job: e.event for e in upto if type(e.event) is ev.JobEnqueued}  # type: ignore[attr-defined]
+    enqueued: dict[int, ev.JobEnqueued] = {
+        e.event.job: e.event for e in upto if isinstance(e.event, ev.JobEnqueued)
+    }
     while True:
         before = (len(jobs), len(reqs))
-        reqs.update(enqueued[j].req for j in jobs if j in enqueued)  # type: ignore[attr-defined]
-        jobs.update(j for j, e in enqueued.items() if e.req in reqs)  # type: ignore[attr-defined]
+        reqs.update(enqueued[j].req for j in jobs if j in enqueued)
+        jobs.update(j for j, e in enqueued.items() if e.req in reqs)
         for entry in upto:
-            event: Any = entry.event
+            current: Any = entry.event
             if (
-                type(event) is ev.BlocksAssigned
+                type(current) is ev.BlocksAssigned
                 and entry.seq >= window_start
-                and blocks.intersection(event.blocks)
+                and blocks.intersection(current.blocks)
             ):
-                reqs.add(event.req)
-            if type(event) is ev.JobEnqueued and keys.intersection(event.keys):
-                jobs.add(event.job)
+                reqs.add(current.req)
+            if type(current) is ev.JobEnqueued and keys.intersection(current.keys):
+                jobs.add(current.job)
         if (len(jobs), len(reqs)) == before:
             break
 

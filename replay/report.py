@@ -106,7 +106,7 @@ def code_summary(result: ReplayResult, groups: list[Group]) -> Table:
     table = Table(title="Summary by code", box=box.SIMPLE_HEAD, title_justify="left")
     for name, justify in (("code", "left"), ("violations", "right"), ("root causes", "right"),
                           ("first seq", "right")):  # fmt: skip
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table.add_column(name, justify="left" if justify == "left" else "right")
     counts: Counter[Code] = Counter(v.code for v in result.violations)
     causes: Counter[Code] = Counter()
     for g in groups:
@@ -286,8 +286,8 @@ def render(
     if result.violations:
         parts.append(code_summary(result, groups))
         first = result.violations[0]
-        title = Text(f"First violation: {first.code.value} at seq {first.seq}", style="bold red")
-        parts.append(title)
+        heading = f"First violation: {first.code.value} at seq {first.seq}"
+        parts.append(Text(heading, style="bold red"))
         parts.append(Padding(literal(explain(first, records)), (0, 0, 0, 2)))
         where = result.where if result.origin is not None else None
         if records:

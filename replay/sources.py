@@ -98,8 +98,8 @@ def checked(items: Iterator[Located], what: str) -> Iterator[Located]:
             problem = ev.header_problem(header, event)
             if problem is not None:
                 raise RecordError(problem, path=item.path, line=item.line, seq=item.seq)
-            if header is None:
-                header = event  # type: ignore[assignment]
+            if header is None and isinstance(event, ev.JournalOpened):
+                header = event
         yield item
     if header is None:
         raise RecordError("journal is empty: no journal_opened record", path=what)

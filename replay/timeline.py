@@ -4,7 +4,7 @@ across the scheduler and every rank, in journal order."""
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -46,7 +46,7 @@ class Timeline:
         }
 
 
-def selector(req: str | None, job: int | None):  # type: ignore[no-untyped-def]
+def selector(req: str | None, job: int | None) -> Callable[[Any], bool]:
     """A stateful predicate: which records belong to a request's (all generations)
     or a job's timeline, fed the events in journal order."""
     jobs: set[int] = set()

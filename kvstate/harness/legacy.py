@@ -27,7 +27,7 @@ The behaviours, their upstream history, and what replay says:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from kvstate import events as ev
 from kvstate.recorder import Recorder
@@ -108,7 +108,9 @@ class LegacySchedulerLedger(SchedulerLedger):
 
     finish = request_finished
 
-    def assign_blocks(self, req: str, blocks, *, resumed: bool, cached=()) -> None:  # type: ignore[no-untyped-def]
+    def assign_blocks(
+        self, req: str, blocks: Iterable[int], *, resumed: bool, cached: Iterable[int] = ()
+    ) -> None:
         super().assign_blocks(req, blocks, resumed=resumed, cached=cached)
         self._snapshot.add(req)
 

@@ -1,9 +1,10 @@
 """The bug zoo: one scripted interleaving per seeded upstream bug.
 
 Each :class:`Case` is a short script written from the description of an
-upstream vLLM bug (issue and PR numbers in ``docs/bug-zoo.md``). It runs on a :class:`Stage` (a tiny engine: a block
-pool with least-recently-freed reuse, KV content per block, a store where the
-first put of a key wins, and one sending queue per rank) under a policy. The
+upstream vLLM bug (issue and PR numbers in ``docs/bug-zoo.md``). It runs on
+a :class:`Stage` (a tiny engine: a block pool with least-recently-freed
+reuse, KV content per block, a store where the first put of a key wins, and
+one sending queue per rank) under a policy. The
 same script under the ``legacy`` policy must produce a journal that replay
 flags with the case's code at the right kind of record; under ``kvstate`` it
 must replay clean. The policy changes the interleaving itself, as in real
@@ -21,7 +22,7 @@ import attrs
 
 from kvstate import events as ev
 from kvstate.recorder import Recorder
-from kvstate.worker import JobSpec
+from kvstate.worker import JobSpec, WorkerLedger
 
 from .legacy import POLICIES, LegacyCrash
 
@@ -42,7 +43,9 @@ class Stage:
         self.expected: dict[str, str] = {}  # key -> the value its tokens should have
         self.prompts: dict[str, str] = {}
         self.jobs: dict[int, tuple[list[int], JobSpec, int]] = {}  # reads, spec, token_end
-        self.inbox: list[deque[tuple[str, object]]] = [deque() for _ in range(world_size)]
+        self.inbox: list[deque[tuple[str, JobSpec | tuple[str, int]]]] = [
+            deque() for _ in range(world_size)
+        ]
         self.queue: list[deque[int]] = [deque() for _ in range(world_size)]
         self.finishing: list[tuple[str, int]] = []
 
@@ -140,7 +143,7 @@ class Stage:
 
     # -- the ranks --------------------------------------------------------------------
 
-    def _send(self, item: tuple[str, object]) -> None:
+    def _send(self, item: tuple[str, JobSpec | tuple[str, int]]) -> None:
         for box in self.inbox:
             box.append(item)
 
@@ -148,12 +151,13 @@ class Stage:
         """Each rank reads the scheduler's metadata: registers jobs, learns of preemptions."""
         for rank, worker in enumerate(self.workers):
             while self.inbox[rank]:
-                what, item = self.inbox[rank].popleft()
-                if what == "job":
-                    worker.register(item)  # type: ignore[arg-type]
-                    self.queue[rank].append(item.job)  # type: ignore[attr-defined]
+                _what, item = self.inbox[rank].popleft()
+                if isinstance(item, JobSpec):
+                    worker.register(item)
+                    self.queue[rank].append(item.job)
                 else:
-                    worker.preemption_seen(*item)  # type: ignore[misc]
+                    req, gen = item
+                    worker.preemption_seen(req, gen)
 
     def transfer(
         self, job: int, *, fail: str | None = None, during: Callable[[], None] | None = None
@@ -165,7 +169,9 @@ class Stage:
                 self._run(worker, job, fail, during)
                 during = None
 
-    def _run(self, worker, job: int, fail: str | None, during) -> None:  # type: ignore[no-untyped-def]
+    def _run(
+        self, worker: WorkerLedger, job: int, fail: str | None, during: Callable[[], None] | None
+    ) -> None:
         reads, spec, token_end = self.jobs[job]
         with worker.run(job) as run:
             if not run.live:

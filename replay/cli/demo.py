@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
+from typing import Any
 
 from rich.text import Text
 
@@ -131,9 +133,7 @@ def run(args: argparse.Namespace) -> int:
                         tmp,
                         use_mooncake=use_mooncake,
                         master=master,
-                        progress=lambda s, t=task: bar.update(
-                            t, completed=s.finished, step=s.steps
-                        ),
+                        progress=functools.partial(_advance, bar, task),
                     )
                 run.summary.journal = paths[policy]
                 runs.append(run)
@@ -172,3 +172,8 @@ def run(args: argparse.Namespace) -> int:
         emit(console, Text("  " + line))
     as_expected = legacy.poisoned_keys > 0 and fixed.poisoned_keys == 0 and not fixed.violations
     return EXIT_CLEAN if as_expected else EXIT_VIOLATIONS
+
+
+def _advance(bar: Any, task: Any, summary: Any) -> None:
+    """Move a run's progress bar to the summary's finished requests and step."""
+    bar.update(task, completed=summary.finished, step=summary.steps)

@@ -50,6 +50,8 @@ class Filter:
 
     def __init__(self, text: str = "") -> None:
         parts = text.split(maxsplit=1)
+        self.field: str | None
+        self.value: str
         if len(parts) == 2 and parts[0] in ("req", "job", "rank", "kind"):
             self.field, self.value = parts[0], parts[1].strip()
         else:
@@ -574,7 +576,7 @@ class Inspector(App[None]):
                 _t(v.seq), _t(v.code.value, "red"), _t(entities), _t(v.message),
                 _t(" > ".join(map(str, v.chain))),
             ]  # fmt: skip
-            self._row(table, cells, target)  # type: ignore[arg-type]
+            self._row(table, cells, target)
         self._shown_violations = [
             v for v in found
             if self.filter.matches(job=v.job, req=v.req, rank=v.rank, kind=v.code.value)

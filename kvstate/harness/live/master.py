@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import IO
 from urllib.parse import urlparse
 
 import attrs
@@ -110,7 +111,9 @@ class MooncakeMaster:
                 "(mooncake-transfer-engine-non-cuda)"
             )
         metadata, rpc, metrics = _free_port(), _free_port(), _free_port()
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        log: int | IO[bytes] = subprocess.DEVNULL
+        if self.log_path:
+            log = open(self.log_path, "ab")  # noqa: SIM115 - closed below, once the child has it
         try:
             self.process = subprocess.Popen(
                 [
@@ -127,8 +130,8 @@ class MooncakeMaster:
                 preexec_fn=_die_with_parent(),  # runs prctl only: safe beside threads
             )
         finally:
-            if self.log_path:
-                log.close()  # type: ignore[union-attr]
+            if not isinstance(log, int):
+                log.close()
         deadline = time.monotonic() + self.startup_timeout
         while not (_answers("127.0.0.1", metadata) and _answers("127.0.0.1", rpc)):
             if self.process.poll() is not None:

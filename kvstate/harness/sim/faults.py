@@ -71,11 +71,21 @@ class Faults:
                 values[name.replace("-", "_")] = int(text)
             else:
                 raise ValueError(f"fault {item!r}: write name=rate or name@step")
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(
+            put_fail=float(values.get("put_fail", 0.0)),
+            no_space=float(values.get("no_space", 0.0)),
+            evict=float(values.get("evict", 0.0)),
+            store_down=_step(values.get("store_down")),
+            thread_crash=_step(values.get("thread_crash")),
+        )
 
     def __bool__(self) -> bool:
         rates = self.put_fail or self.no_space or self.evict
         return bool(rates) or self.store_down is not None or self.thread_crash is not None
+
+
+def _step(value: float | int | None) -> int | None:
+    return None if value is None else int(value)
 
 
 class FaultyStore:

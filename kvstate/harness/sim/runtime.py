@@ -211,10 +211,10 @@ class Simulation:
                 policy=config.policy,
                 engine=header.engine or "",
                 keep=True,
-                **({"clock": clock} if clock else {}),
+                clock=clock or time.monotonic_ns,
             )
         else:
-            self.recorder = Recorder(header, keep=True, **({"clock": clock} if clock else {}))
+            self.recorder = Recorder(header, keep=True, clock=clock or time.monotonic_ns)
         self.journal = None if journal is None else os.fspath(journal)
         # One store client per rank (a real store puts each rank in its own
         # segment); the in-memory store is one object shared by every rank.
@@ -385,20 +385,22 @@ class Simulation:
 
     def _stalled(self) -> Callable[[], bool]:
         """A check that is True once the run made no progress for ``stall_steps`` steps."""
-        last: list[object] = [None, 0]
+        last: tuple[int, ...] = ()
+        still = 0
 
         def check() -> bool:
+            nonlocal last, still
             mark = (
                 self.engine.tokens_computed,
                 self.summary.finished,
                 sum(w.ledger.jobs_received for w in self.workers),
                 self.sched_ledger.pinned_jobs,
             )
-            if mark != last[0]:
-                last[0], last[1] = mark, 0
+            if mark != last:
+                last, still = mark, 0
                 return False
-            last[1] = int(last[1]) + 1  # type: ignore[call-overload]
-            return int(last[1]) >= self.config.stall_steps  # type: ignore[call-overload]
+            still += 1
+            return still >= self.config.stall_steps
 
         return check
 
@@ -448,9 +450,11 @@ class Simulation:
                 at, i = min(due)
                 self.virtual_ns = at
                 gen = ranks[i][0]
+                if gen is None:  # not due: only ranks with a job in flight are
+                    continue
                 self._ranks_left = ranks
                 try:
-                    delay = next(gen)  # type: ignore[arg-type]
+                    delay = next(gen)
                     ranks[i] = (gen, at + int(delay * 1e6))
                 except StopIteration:
                     ranks[i] = (None, at)
