@@ -133,3 +133,18 @@ def test_the_matcher_can_fail() -> None:
     assert not matches(["a", "...", "c"], ["a", "b"])
     assert not matches(["a", "b"], ["a", "x"])
     assert matches(["a   b"], ["a b", ""])
+
+
+def test_the_api_reference_names_every_public_name() -> None:
+    import journal
+    import kvstate
+    import replay
+
+    text = (DOCS / "api.md").read_text()
+    missing = [
+        f"{module.__name__}.{name}"
+        for module in (journal, kvstate, replay)
+        for name in module.__all__
+        if f"`{name}" not in text and f" {name}" not in text
+    ]
+    assert not missing, missing
