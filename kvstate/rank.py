@@ -19,18 +19,12 @@ from typing import Any, Protocol
 
 from . import events as ev
 from .state import RankJobState, StoreRequestState
-from .violations import Code, Violation, finding
+from .violations import Code, JobLike, Violation, finding
 
 
-class JobInfo(Protocol):
+class JobInfo(JobLike, Protocol):
     """What a rank must know about a job to judge its records (read only)."""
 
-    @property
-    def job(self) -> int: ...
-    @property
-    def req(self) -> str: ...
-    @property
-    def gen(self) -> int: ...
     @property
     def keys(self) -> tuple[str, ...]: ...
     @property

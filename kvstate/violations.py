@@ -112,7 +112,9 @@ def chain_of(*seqs: int | None) -> tuple[int, ...]:
     return tuple(sorted({s for s in seqs if s is not None}))
 
 
-class _Job(Protocol):
+class JobLike(Protocol):
+    """Anything that names a job and its incarnation (read only)."""
+
     @property
     def job(self) -> int: ...
     @property
@@ -126,7 +128,7 @@ def finding(
     seq: int,
     message: str,
     *chain: int | None,
-    of: _Job | None = None,
+    of: JobLike | None = None,
     **entities: Any,
 ) -> Violation:
     """A :class:`Violation` with its chain built from the known seqs.

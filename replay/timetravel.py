@@ -52,13 +52,31 @@ class _DatabaseRecords:
             self._journal.close()
 
 
-class _LineRecords:
-    """Records of a JSON Lines file, kept in memory; new lines are read on poll."""
+class _InMemory:
+    """Entries held in memory, looked up by seq."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._entries: list[Entry] = []
         self._seqs: list[int] = []
+
+    def last_seq(self) -> int:
+        return self._seqs[-1] if self._seqs else BEFORE_FIRST
+
+    def between(self, after: int, upto: int) -> Iterator[Entry]:
+        start = bisect.bisect_right(self._seqs, after)
+        end = bisect.bisect_right(self._seqs, upto)
+        return iter(self._entries[start:end])
+
+    def close(self) -> None:
+        pass
+
+
+class _LineRecords(_InMemory):
+    """Records of a JSON Lines file, kept in memory; new lines are read on poll."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
         self._offset = 0
         self._line = 0
         self._lock = threading.Lock()
@@ -92,38 +110,20 @@ class _LineRecords:
 
     def last_seq(self) -> int:
         self.poll()
-        return self._seqs[-1] if self._seqs else BEFORE_FIRST
-
-    def between(self, after: int, upto: int) -> Iterator[Entry]:
-        start = bisect.bisect_right(self._seqs, after)
-        end = bisect.bisect_right(self._seqs, upto)
-        return iter(self._entries[start:end])
-
-    def close(self) -> None:
-        pass
+        return super().last_seq()
 
 
-class _MergedRecords:
+class _MergedRecords(_InMemory):
     """Several journals of one run, merged like replay merges them, in memory."""
 
     def __init__(self, paths: list[str]) -> None:
         from .sources import open_stream
 
-        self.path = ", ".join(paths)
+        super().__init__(", ".join(paths))
         stream, _origin = open_stream(paths)
-        self._entries = [item.entry for item in stream]
-        self._seqs = [e.seq for e in self._entries]
-
-    def last_seq(self) -> int:
-        return self._seqs[-1] if self._seqs else BEFORE_FIRST
-
-    def between(self, after: int, upto: int) -> Iterator[Entry]:
-        start = bisect.bisect_right(self._seqs, after)
-        end = bisect.bisect_right(self._seqs, upto)
-        return iter(self._entries[start:end])
-
-    def close(self) -> None:
-        pass
+        for item in stream:
+            self._entries.append(item.entry)
+            self._seqs.append(item.entry.seq)
 
 
 def _records(paths: list[str]) -> _DatabaseRecords | _LineRecords | _MergedRecords:
