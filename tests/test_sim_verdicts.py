@@ -65,8 +65,8 @@ def test_a_sending_thread_exception_fails_the_run_loudly(tmp_path: Path, mode: s
 
 
 def test_large_default_workloads_finish_every_request(tmp_path: Path) -> None:
-    summary, result = run(tmp_path, requests=1500)
-    assert summary.finished == 1500 and summary.stopped is None
+    summary, result = run(tmp_path, requests=5000)
+    assert summary.finished == 5000 and summary.stopped is None
     assert result.verdict == "clean" and not result.unfinished
 
 

@@ -39,6 +39,13 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--requests", type=int, default=480)
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--block-bytes", type=int, default=32768, help="bytes per block per rank")
+    p.add_argument(
+        "--segment-mb",
+        type=int,
+        help="Mooncake segment per rank, in MiB (at least 16; default: large enough that "
+        "nothing is evicted). A small one makes the store evict: the audit then records "
+        "key_missing, never POISONED_KEY",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--store",
@@ -134,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
                         use_mooncake=use_mooncake,
                         master=master,
                         progress=functools.partial(_advance, bar, task),
+                        segment_bytes=args.segment_mb << 20 if args.segment_mb else None,
                     )
                 run.summary.journal = paths[policy]
                 runs.append(run)
