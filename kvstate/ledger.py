@@ -260,6 +260,7 @@ class Ledger:
         inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
         if inc is None:
             return
+        inc.final_table_len = len(inc.table)
         if event.hold:
             inc.held = bool(inc.table)
         else:
@@ -349,7 +350,10 @@ class Ledger:
                         block=block,
                     )
                 )
-        capacity = len(inc.table) * self.block_size
+        # A finish-time job (enqueued after request_finished, pinning what it
+        # reads) saves from the table the request had when it finished.
+        blocks = inc.final_table_len if inc.state == FINISHED and not inc.held else len(inc.table)
+        capacity = blocks * self.block_size
         if event.token_end > capacity:
             why = (
                 f"job {event.job} saves tokens up to {event.token_end}, but the table of "

@@ -177,6 +177,8 @@ class SchedulerLedger:
         parent: str | None = None,
         cow_blocks: Sequence[int] = (),
         reads: Sequence[int] | None = None,
+        job: int | None = None,
+        pins: Sequence[int] | None = None,
     ) -> int:
         """Create a store job for the request's current generation; returns its id.
 
@@ -186,15 +188,24 @@ class SchedulerLedger:
         table) come first, so the tail-first release frees them last.
         ``reads`` defaults to the blocks covering ``[0, token_end)`` plus the
         copy-on-write blocks.
+
+        Observation mode: a connector that numbers and pins its jobs itself
+        (vLLM's, journaled by :mod:`kvstate.vllm`) passes ``job`` and
+        ``pins`` as it chose them; the ledger records them as they are, so
+        replay judges the connector's own decisions (an id that goes back is
+        ``ID_REUSED``; no pins under a preemption is ``POISONED_READ``). A
+        finish-time job (a partial tail saved as the request finishes) may
+        come after :meth:`request_finished`, with its ``reads`` and ``pins``.
         """
         request = self._request(req, "enqueue_store_job")
         table = self._job_table(req)
         if reads is None:
             covered = -(-token_end // self.block_size)
             reads = (*cow_blocks, *table[:covered])
-        job = self._next_job
-        self._next_job += 1
-        pins = self._job_pins(cow_blocks, table)
+        if job is None:
+            job = self._next_job
+        self._next_job = max(self._next_job, job + 1)
+        pins = self._job_pins(cow_blocks, table) if pins is None else tuple(pins)
         self._emit(
             ev.JobEnqueued(
                 job=job,

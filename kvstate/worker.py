@@ -56,10 +56,16 @@ class WorkerLedger:
     like the connector's ``done_task_lock``.
     """
 
-    def __init__(self, rank: int, recorder: Recorder, *, strict: bool = True) -> None:
+    def __init__(
+        self, rank: int, recorder: Recorder, *, strict: bool = True, commit_steps: bool = False
+    ) -> None:
         self.rank = rank
         self.recorder = recorder
         self.strict = strict
+        #: a worker with a recorder of its own (its own process and journal)
+        #: commits at each step, as the scheduler does; one sharing the
+        #: scheduler's recorder leaves that to the scheduler's begin_step
+        self.commit_steps = commit_steps
         self._specs: dict[int, JobSpec] = {}
         self.state = RankLedger(rank, self._specs, knows_all_jobs=False)
         self.violations: list[Violation] = []
@@ -84,7 +90,13 @@ class WorkerLedger:
                 raise_for(found)
 
     def begin_step(self, step: int) -> None:
-        """The scheduler step whose metadata this rank is processing."""
+        """The scheduler step whose metadata this rank is processing.
+
+        With ``commit_steps`` the records of the previous step are committed
+        first (durably: see :meth:`Recorder.commit`).
+        """
+        if self.commit_steps:
+            self.recorder.commit()
         self.step = step
 
     # -- scheduler metadata ----------------------------------------------------------

@@ -236,7 +236,9 @@ class Simulation:
         self.pool = BlockPool(config.blocks)
         scheduler_cls, worker_cls = POLICIES[config.policy]
         # The legacy ledgers take the set of old behaviours to run with.
-        policy = {"bugs": frozenset(config.legacy_bugs)} if config.policy == "legacy" else {}
+        policy: dict[str, Any] = (
+            {"bugs": frozenset(config.legacy_bugs)} if config.policy == "legacy" else {}
+        )
         self.sched_ledger: SchedulerLedger = scheduler_cls(self.recorder, strict=False, **policy)
         self.engine = EngineScheduler(
             self.pool,
