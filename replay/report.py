@@ -21,6 +21,7 @@ from rich.text import Text
 
 from kvstate.codec import Entry
 from kvstate.ledger import Ledger
+from kvstate.state import StoreJobState
 from kvstate.violations import CODE_ORDER, Code, Violation
 
 from .engine import ReplayResult
@@ -225,17 +226,9 @@ def ledger_tables(ledger: Ledger, plain: bool = False) -> list[Table]:
     jobs = Table(title="Store jobs", box=_box(plain), title_justify="left")
     for name in ("job", "req/gen", "tokens", "pins", "completions", "released", "ranks"):
         jobs.add_column(name)
-    for job_id, job in sorted(ledger.jobs.items()):
+    for _job_id, job in sorted(ledger.jobs.items()):
         lanes = " ".join(f"{r}:{rj.phase}" for r, rj in sorted(job.ranks.items()))
-        jobs.add_row(
-            _cell(job_id),
-            _cell(f"{job.req}/{job.gen}"),
-            _cell(f"{job.token_start}-{job.token_end}"),
-            _cell(list(job.pins)),
-            _cell(f"{job.completions}/{job.world_size}"),
-            _cell("yes" if job.released_seq is not None else "no"),
-            _cell(lanes),
-        )
+        jobs.add_row(*job_cells(job), _cell(lanes))
     ranks = Table(title="Rank request state", box=_box(plain), title_justify="left")
     for name in ("rank", "req", "gen", "live jobs", "saved offset", "skipped", "retry", "ended"):
         ranks.add_column(name)
@@ -252,6 +245,19 @@ def ledger_tables(ledger: Ledger, plain: bool = False) -> list[Table]:
                 _cell(st.ended or ""),
             )
     return [requests, blocks, jobs, ranks]
+
+
+def job_cells(job: StoreJobState) -> list[Text]:
+    """A job's row: id, incarnation, tokens, pins, completions, released (the
+    ledger tables here and the inspector's Jobs view share it)."""
+    return [
+        _cell(job.job),
+        _cell(f"{job.req}/{job.gen}"),
+        _cell(f"{job.token_start}-{job.token_end}"),
+        _cell(list(job.pins)),
+        _cell(f"{job.completions}/{job.world_size}"),
+        _cell("yes" if job.released_seq is not None else "no"),
+    ]
 
 
 def needed_records(result: ReplayResult) -> set[int]:

@@ -29,7 +29,7 @@ from kvstate.codec import Entry
 from kvstate.ledger import Ledger
 from kvstate.violations import CODE_ORDER, Violation
 from replay.explain import describe, explain, lane
-from replay.report import lanes_table
+from replay.report import job_cells, lanes_table
 from replay.safe import literal, printable
 from replay.timeline import selector
 from replay.timetravel import TimeTravel
@@ -522,15 +522,7 @@ class Inspector(App[None]):
         # Pinned (in flight) jobs first, then the most recent ones.
         jobs.sort(key=lambda item: (item[0] in ledger.pinned, item[0]))
         for job_id, job in sorted(jobs[-RECENT_ROWS:]):
-            cells = [
-                _t(job_id),
-                _t(f"{job.req}/{job.gen}"),
-                _t(f"{job.token_start}-{job.token_end}"),
-                _t(list(job.pins)),
-                _t(f"{job.completions}/{job.world_size}"),
-                _t("yes" if job.released_seq is not None else "no"),
-                *_lanes(job, ranks),
-            ]
+            cells = [*job_cells(job), *_lanes(job, ranks)]
             self._row(table, cells, ("job", job_id))
 
     def _job_matches(self, job_id: int, job: Any) -> bool:
