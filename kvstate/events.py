@@ -382,20 +382,33 @@ class JobSkipped(Event):
 @_kind("dma_started", SIDE_WORKER)
 @attrs.frozen(slots=True)
 class DmaStarted(Event):
-    """The device read of the job's ``reads`` began."""
+    """The device read of the job's ``reads`` began.
+
+    ``blocks`` (addition) names the blocks this transfer actually reads when
+    it is fewer than ``reads`` (keys already in the store are not read
+    again); only those are checked then.
+    """
 
     job: int = attrs.field(validator=_nonneg)
     rank: int = attrs.field(validator=_nonneg)
+    blocks: tuple[int, ...] = attrs.field(default=(), converter=_ids)
 
 
 @_kind("dma_done", SIDE_WORKER)
 @attrs.frozen(slots=True)
 class DmaDone(Event):
-    """The device read finished; ``digest`` fingerprints the bytes read."""
+    """The device read finished; ``digest`` fingerprints the bytes read.
+
+    ``expected`` (addition) is the fingerprint the same blocks had when the
+    save was requested: a different ``digest`` proves by bytes that the
+    transfer read someone else's KV. ``blocks`` as for ``dma_started``.
+    """
 
     job: int = attrs.field(validator=_nonneg)
     rank: int = attrs.field(validator=_nonneg)
     digest: Any = attrs.field(default=None, validator=_scalar)
+    blocks: tuple[int, ...] = attrs.field(default=(), converter=_ids)
+    expected: Any = attrs.field(default=None, validator=_scalar)
 
 
 @_kind("put_done", SIDE_WORKER)

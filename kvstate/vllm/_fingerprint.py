@@ -1,0 +1,37 @@
+"""Fingerprints of KV bytes, read where the store reads them.
+
+A store job's value for one key is the concatenation of the address/size
+segments that vLLM's token database hands to the put (one per layer and
+K/V). Hashing those segments in place, without copying, gives a digest that
+equals the hash of the bytes the store keeps under the key, so the same
+function checks a put against the save request, and the store against both.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from collections.abc import Iterable, Sequence
+
+DIGEST_SIZE = 8
+
+
+def of_segments(addrs: Sequence[int], sizes: Sequence[int]) -> str:
+    """The digest of the bytes at ``addrs`` (``sizes`` long each), in order."""
+    h = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    for addr, size in zip(addrs, sizes, strict=True):
+        h.update((ctypes.c_char * size).from_address(addr))
+    return h.hexdigest()
+
+
+def of_bytes(value: bytes | memoryview) -> str:
+    """The digest of a value read back from the store."""
+    return hashlib.blake2b(value, digest_size=DIGEST_SIZE).hexdigest()
+
+
+def combine(digests: Iterable[str]) -> str:
+    """One digest for several keys' digests (a job's whole transfer)."""
+    h = hashlib.blake2b(digest_size=DIGEST_SIZE)
+    for digest in digests:
+        h.update(digest.encode())
+    return h.hexdigest()

@@ -1,0 +1,48 @@
+"""Where an observed vLLM process writes its journals.
+
+Each process (and each role in it) writes its own database, so no two
+processes ever share a SQLite writer; ``kvstate replay DIR/*.db`` merges them
+by their monotonic timestamps, which one host's processes share. The folder
+comes from, in order: ``install(journal_dir=...)``, the connector's
+``kv_connector_extra_config["kvstate_journal_dir"]``, the environment
+variable ``KVSTATE_VLLM_JOURNAL_DIR``, else ``./kvstate-journals``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from kvstate.recorder import Recorder
+
+ENV = "KVSTATE_VLLM_JOURNAL_DIR"
+EXTRA_KEY = "kvstate_journal_dir"
+DEFAULT = "kvstate-journals"
+
+#: set by ``install(journal_dir=...)``; wins over every other source
+chosen_dir: Path | None = None
+
+
+def journal_dir(vllm_config: Any = None) -> Path:
+    if chosen_dir is not None:
+        return chosen_dir
+    extra = {}
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    if transfer is not None:
+        extra = getattr(transfer, "kv_connector_extra_config", None) or {}
+    found = extra.get(EXTRA_KEY) or os.environ.get(ENV) or DEFAULT
+    return Path(found)
+
+
+def open_journal(
+    folder: Path, role: str, *, block_size: int, world_size: int, engine: str
+) -> Recorder:
+    """A new journal ``folder/{role}-{pid}.db``; an existing file is never reused."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{role}-{os.getpid()}.db"
+    if path.exists():
+        raise FileExistsError(f"{path}: a journal of this process and role already exists")
+    return Recorder.open(
+        path, block_size=block_size, world_size=world_size, policy="vllm", engine=engine
+    )

@@ -1,0 +1,245 @@
+"""One worker rank of a vLLM process, journaled as it happens.
+
+The sending thread is observed at the points where vLLM itself acts: a job
+entering the thread's ledger (``add_request``), the store calls (through a
+transparent proxy around the thread's store handle), the effects on the
+rank's per-request state (``_record_saved``, the pressure mark), the ledger
+entry leaving (``delete_finished_stored_request``: a preemption seen, or a
+finished request retired), and the end of ``_handle_request``, which every
+job passes exactly once. The observer never changes what vLLM does: a stale
+job that vLLM lets run (before #52372) runs, and the journal shows it.
+
+With fingerprints on, the rank hashes each job's blocks when the save is
+requested and again right before the put reads them; the two agree unless
+the blocks changed hands in between (a poisoned read, proven by bytes). The
+store's copy is audited at the end against the request-time fingerprint.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from kvstate import events as ev
+from kvstate.recorder import Recorder
+from kvstate.vllm import _fingerprint
+
+
+def _key_hex(key: str) -> str:
+    """The chunk hash at the end of a vLLM store key: the journal's key name."""
+    return key.rsplit("@", 1)[-1]
+
+
+class _Job:
+    """What the sending thread is doing for one job, while it does it."""
+
+    __slots__ = ("chunk_of", "existed", "id", "meta", "reason", "started")
+
+    def __init__(self, job: int, meta: Any, reason: str) -> None:
+        self.id = job
+        self.meta = meta
+        self.reason = reason
+        self.started = False
+        self.existed = 0
+        self.chunk_of: dict[str, int] | None = None
+
+    def chunk(self, key_hex: str) -> int | None:
+        if self.chunk_of is None:
+            hashes = self.meta.block_hashes or ()
+            self.chunk_of = {
+                (h.hex() if hasattr(h, "hex") else str(h)): i for i, h in enumerate(hashes)
+            }
+        return self.chunk_of.get(key_hex)
+
+
+class WorkerObserver:
+    """Journals one rank: its sending thread, its loads, and the store audit."""
+
+    def __init__(self, recorder: Recorder, *, rank: int, fingerprint: bool) -> None:
+        self.recorder = recorder
+        self.rank = rank
+        self.fingerprint = fingerprint
+        self.step = 0
+        self._committed = 0
+        self.lock = threading.Lock()
+        self.current = threading.local()
+        #: job -> chunk index -> digest at save-request time
+        self.requested: dict[int, dict[int, str]] = {}
+        #: key -> (job, full store key, digest at request time) of the put that wrote it
+        self.written: dict[str, tuple[int, str, str]] = {}
+        #: req -> newest generation this rank received a job of
+        self.newest: dict[str, int] = {}
+        self.preempting: dict[str, int] = {}
+        self.store: Any = None
+        self.puts = 0
+        self.stale_puts = 0
+
+    def _record(self, event: ev.Event) -> None:
+        self.recorder.record(event, self.step)
+
+    # -- the worker's step -----------------------------------------------------------
+
+    def before_step(self, meta: Any) -> None:
+        self.step = getattr(meta, "_kvstate_step", self.step)
+        self.preempting = dict(getattr(meta, "_kvstate_preempted", {}) or {})
+
+    def after_step(self) -> None:
+        self.preempting = {}
+        # Sending-thread records land between steps; each step commits what is there.
+        if self.recorder.recorded != self._committed:
+            self._committed = self.recorder.recorded
+            self.recorder.commit()
+
+    def ledger_entry_dropped(self, req: str) -> None:
+        """``delete_finished_stored_request``: a preemption seen, or a finished request retired."""
+        gen = self.preempting.get(req)
+        if gen is not None:
+            self._record(ev.PreemptionSeen(req=req, gen=gen, rank=self.rank))
+            return
+        newest = self.newest.get(req)
+        if newest is not None:
+            self._record(ev.RequestRetired(req=req, gen=newest, rank=self.rank))
+
+    # -- the sending thread ----------------------------------------------------------
+
+    def received(self, thread: Any, meta: Any) -> None:
+        """``add_request``: the job enters the rank's ledger, before it is queued."""
+        job = getattr(meta, "_kvstate_job", None)
+        if job is None:
+            return
+        gen = getattr(meta, "_kvstate_gen", None)
+        if gen is not None and gen > self.newest.get(meta.req_id, -1):
+            self.newest[meta.req_id] = gen
+        self._record(ev.JobReceived(job=job, rank=self.rank))
+        if self.fingerprint:
+            self.requested[job] = self._fingerprint_blocks(thread, meta)
+
+    def _fingerprint_blocks(self, thread: Any, meta: Any) -> dict[int, str]:
+        """Chunk index -> digest of the block that holds it, as the put would read it."""
+        db = thread.token_databases[0]
+        end = meta.token_len_chunk // thread.block_size
+        table = meta.block_ids[0]
+        digests = {}
+        for i, block in enumerate(table[:end]):
+            addrs, sizes = db.prepare_value_for_block(block)
+            digests[i] = _fingerprint.of_segments(addrs, sizes)
+        return digests
+
+    def begin_job(self, meta: Any, reason: str) -> _Job | None:
+        job = getattr(meta, "_kvstate_job", None)
+        if job is None:
+            return None
+        run = _Job(job, meta, reason)
+        self.current.job = run
+        return run
+
+    def started(self) -> _Job | None:
+        """The job passed vLLM's liveness and pressure checks (it touched the store)."""
+        run: _Job | None = getattr(self.current, "job", None)
+        if run is not None and not run.started:
+            run.started = True
+            self._record(ev.JobStarted(job=run.id, rank=self.rank))
+        return run
+
+    def end_job(self, run: _Job) -> None:
+        """The single exit of every job: skipped if it never started, then reported."""
+        self.current.job = None
+        if not run.started:
+            self._record(ev.JobSkipped(job=run.id, rank=self.rank, reason=run.reason))
+        self._record(ev.JobReported(job=run.id, rank=self.rank))
+        self.requested.pop(run.id, None)
+
+    def offset_saved(self, req: str, offset: int) -> None:
+        run = self.started()
+        if run is not None:
+            self._record(ev.OffsetSaved(job=run.id, rank=self.rank, req=req, offset=offset))
+
+    def marked_skipped(self, req: str) -> None:
+        run = self.started()
+        if run is not None:
+            self._record(ev.RequestMarkedSkipped(job=run.id, rank=self.rank, req=req))
+
+    def before_put(self, keys: list[str], addrs: Any, sizes: Any) -> tuple[Any, ...] | None:
+        """``batch_put_from_multi_buffers`` is about to read the blocks."""
+        run = self.started()
+        if run is None:
+            return None
+        table = run.meta.block_ids[0]
+        chunks = [run.chunk(_key_hex(k)) for k in keys]
+        blocks = [table[c] for c in chunks if c is not None and c < len(table)]
+        self._record(ev.DmaStarted(job=run.id, rank=self.rank, blocks=blocks))
+        digest = expected = None
+        if self.fingerprint:
+            requested = self.requested.get(run.id, {})
+            now = [_fingerprint.of_segments(a, z) for a, z in zip(addrs, sizes)]
+            before = [requested.get(c, "") if c is not None else "" for c in chunks]
+            digest, expected = _fingerprint.combine(now), _fingerprint.combine(before)
+            for key, want in zip(keys, before):
+                if want:
+                    self.written.setdefault(_key_hex(key), (run.id, key, want))
+        return run, blocks, digest, expected, len(keys)
+
+    def after_put(self, pre: tuple[Any, ...], result: Any, error: BaseException | None) -> None:
+        """The put returned (per-key codes) or raised."""
+        run, blocks, digest, expected, count = pre
+        self._record(
+            ev.DmaDone(job=run.id, rank=self.rank, digest=digest, blocks=blocks, expected=expected)
+        )
+        self.puts += 1
+        if error is not None:
+            self._record(ev.PutFailed(job=run.id, rank=self.rank, error=repr(error)[:200]))
+            return
+        failed = sorted({code for code in result if code < 0})
+        if failed:
+            self._record(ev.PutFailed(job=run.id, rank=self.rank, error=f"codes {failed}"))
+        else:
+            self._record(
+                ev.PutDone(job=run.id, rank=self.rank, stored=count, existed=run.existed)
+            )
+
+    def exist_checked(self, states: Any) -> None:
+        """``batch_is_exist``: keys already stored are not put (nor read) again."""
+        run = self.started()
+        if run is not None:
+            run.existed = sum(1 for state in states if state == 1)
+
+    # -- loads and the audit ---------------------------------------------------------
+
+    def loaded(self, meta: Any, keys: list[str], addrs: Any, sizes: Any, result: Any) -> None:
+        """``batch_get_into_multi_buffers`` filled blocks: compare with what was saved."""
+        gen = getattr(meta, "_kvstate_gen", None)
+        if not self.fingerprint or gen is None:
+            return
+        for key, a, z, code in zip(keys, addrs, sizes, result):
+            name = _key_hex(key)
+            wrote = self.written.get(name)
+            if wrote is None or code < 0:
+                continue
+            ok = _fingerprint.of_segments(a, z) == wrote[2]
+            self._record(ev.LoadVerified(req=meta.req_id, gen=gen, key=name, ok=ok, job=wrote[0]))
+
+    def audit(self) -> dict[str, int]:
+        """Read every key this rank wrote back from the store; returns counts."""
+        counts = {"verified": 0, "poisoned": 0, "missing": 0}
+        if self.store is None:
+            return counts
+        for name, (job, key, want) in sorted(self.written.items()):
+            try:
+                value = self.store.get(key)
+            except Exception as exc:  # a failed read is reported, never hidden
+                self._record(ev.KeyMissing(key=name, reason=f"read failed: {exc!r}"[:200]))
+                counts["missing"] += 1
+                continue
+            if not value:
+                self._record(ev.KeyMissing(key=name, reason="evicted"))
+                counts["missing"] += 1
+                continue
+            actual = _fingerprint.of_bytes(value)
+            ok = actual == want
+            self._record(ev.KeyVerified(key=name, ok=ok, expected=want, actual=actual, job=job))
+            counts["verified"] += 1
+            counts["poisoned"] += not ok
+        return counts
+
+    def close(self) -> None:
+        self.recorder.close()
