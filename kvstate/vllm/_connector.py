@@ -12,7 +12,7 @@ install()  # patches the classes below before any instance exists
 _base: Any = __import__(f"{STORE}.connector", fromlist=["MooncakeStoreConnector"])
 
 
-class JournaledMooncakeStoreConnector(_base.MooncakeStoreConnector):  # type: ignore[misc]
+class JournaledMooncakeStoreConnector(_base.MooncakeStoreConnector):
     """vLLM's MooncakeStoreConnector, unchanged, with every transition journaled.
 
     The journals go to ``kv_connector_extra_config["kvstate_journal_dir"]``

@@ -55,7 +55,9 @@ def installed() -> Connector | None:
     return _connector
 
 
-def install(journal_dir: str | os.PathLike[str] | None = None, *, fingerprint: bool = True) -> Connector:
+def install(
+    journal_dir: str | os.PathLike[str] | None = None, *, fingerprint: bool = True
+) -> Connector:
     """Journal every MooncakeStoreConnector of this process from now on.
 
     Idempotent. Raises :class:`UnsupportedVLLMError` (and patches nothing)
@@ -143,6 +145,7 @@ def _scheduler_observer(sched: Any) -> SchedulerObserver | None:
                 observer = SchedulerObserver(
                     recorder,
                     block_size=sched._block_size,
+                    world_size=world,
                     numbering=_connector.flavor == "req-counters",
                 )
                 sched.__dict__["_kvstate_observer"] = observer
@@ -406,19 +409,24 @@ class _ObservedStore:
             _observe(lambda: self._observer.exist_checked(states))
         return states
 
-    def batch_put_from_multi_buffers(self, keys: list[str], addrs: Any, sizes: Any, *rest: Any) -> Any:
+    def batch_put_from_multi_buffers(
+        self, keys: list[str], addrs: Any, sizes: Any, *rest: Any
+    ) -> Any:
         pre = _observe(lambda: self._observer.before_put(keys, addrs, sizes))
         try:
             result = self._store.batch_put_from_multi_buffers(keys, addrs, sizes, *rest)
         except BaseException as exc:
+            error = exc
             if pre is not None:
-                _observe(lambda: self._observer.after_put(pre, None, exc))
+                _observe(lambda: self._observer.after_put(pre, None, error))
             raise
         if pre is not None:
             _observe(lambda: self._observer.after_put(pre, result, None))
         return result
 
-    def batch_get_into_multi_buffers(self, keys: list[str], addrs: Any, sizes: Any, *rest: Any) -> Any:
+    def batch_get_into_multi_buffers(
+        self, keys: list[str], addrs: Any, sizes: Any, *rest: Any
+    ) -> Any:
         result = self._store.batch_get_into_multi_buffers(keys, addrs, sizes, *rest)
         meta = getattr(self._observer.current, "load", None)
         if meta is not None:

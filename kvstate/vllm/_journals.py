@@ -27,7 +27,7 @@ chosen_dir: Path | None = None
 def journal_dir(vllm_config: Any = None) -> Path:
     if chosen_dir is not None:
         return chosen_dir
-    extra = {}
+    extra: dict[str, Any] = {}
     transfer = getattr(vllm_config, "kv_transfer_config", None)
     if transfer is not None:
         extra = getattr(transfer, "kv_connector_extra_config", None) or {}

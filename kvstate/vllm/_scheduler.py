@@ -40,8 +40,11 @@ class SchedulerObserver:
     ``ReqMeta`` itself, so both sides name the same job.
     """
 
-    def __init__(self, recorder: Recorder, *, block_size: int, numbering: bool) -> None:
+    def __init__(
+        self, recorder: Recorder, *, block_size: int, world_size: int, numbering: bool
+    ) -> None:
         self.recorder = recorder
+        self.world_size = world_size
         self.block_size = block_size
         self.numbering = numbering
         self.step = 0
@@ -105,7 +108,7 @@ class SchedulerObserver:
                 )
             )
         cached_reqs = out.scheduled_cached_reqs
-        resumed = getattr(cached_reqs, "resumed_req_ids", set()) or set()
+        resumed: set[str] = getattr(cached_reqs, "resumed_req_ids", set()) or set()
         for i, req in enumerate(cached_reqs.req_ids):
             table = _table(cached_reqs.new_block_ids[i])
             if req not in self.gens:
@@ -185,7 +188,7 @@ class SchedulerObserver:
                 pins=pins,
                 keys=keys,
                 parent=parent,
-                world_size=self.recorder.header.event.world_size,
+                world_size=self.world_size,
             )
         )
         self.jobs += 1

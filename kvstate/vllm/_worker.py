@@ -171,10 +171,10 @@ class WorkerObserver:
         digest = expected = None
         if self.fingerprint:
             requested = self.requested.get(run.id, {})
-            now = [_fingerprint.of_segments(a, z) for a, z in zip(addrs, sizes)]
+            now = [_fingerprint.of_segments(a, z) for a, z in zip(addrs, sizes, strict=True)]
             before = [requested.get(c, "") if c is not None else "" for c in chunks]
             digest, expected = _fingerprint.combine(now), _fingerprint.combine(before)
-            for key, want in zip(keys, before):
+            for key, want in zip(keys, before, strict=True):
                 if want:
                     self.written.setdefault(_key_hex(key), (run.id, key, want))
         return run, blocks, digest, expected, len(keys)
@@ -193,9 +193,7 @@ class WorkerObserver:
         if failed:
             self._record(ev.PutFailed(job=run.id, rank=self.rank, error=f"codes {failed}"))
         else:
-            self._record(
-                ev.PutDone(job=run.id, rank=self.rank, stored=count, existed=run.existed)
-            )
+            self._record(ev.PutDone(job=run.id, rank=self.rank, stored=count, existed=run.existed))
 
     def exist_checked(self, states: Any) -> None:
         """``batch_is_exist``: keys already stored are not put (nor read) again."""
@@ -210,7 +208,7 @@ class WorkerObserver:
         gen = getattr(meta, "_kvstate_gen", None)
         if not self.fingerprint or gen is None:
             return
-        for key, a, z, code in zip(keys, addrs, sizes, result):
+        for key, a, z, code in zip(keys, addrs, sizes, result, strict=True):
             name = _key_hex(key)
             wrote = self.written.get(name)
             if wrote is None or code < 0:

@@ -1,14 +1,12 @@
-"""``kvstate convert``: JSON Lines <-> journal database, record for record."""
+"""``kvstate convert``: JSON Lines <-> journal database, and merging journals."""
 
 from __future__ import annotations
 
 import argparse
 
-from journal import Journal, JournalError, atomic_output, write_jsonl
-from kvstate.codec import to_record
-from kvstate.recorder import journal_views
+from journal import JournalError
 
-from ..sources import entries
+from ..merge import merge
 from ._common import (
     EXIT_CLEAN,
     Subparsers,
@@ -19,36 +17,22 @@ from ._common import (
 def add_parser(sub: Subparsers) -> None:
     p = sub.add_parser(
         "convert",
-        help="convert between JSON Lines and a journal database",
+        help="convert between JSON Lines and a journal database, or merge journals",
         description="Copy every record from SOURCE to DESTINATION. A destination ending in "
-        ".jsonl is written as JSON Lines, anything else as a journal database.",
+        ".jsonl is written as JSON Lines, anything else as a journal database. Several "
+        "sources (one run's per-process journals) are merged in replay's order.",
     )
-    p.add_argument("source")
+    p.add_argument("source", nargs="+")
     p.add_argument("destination")
     p.add_argument("--force", action="store_true", help="replace DESTINATION if it exists")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """JSON Lines <-> journal database, record for record."""
-    src, dst = args.source, args.destination
+    """JSON Lines <-> journal database, record for record; several sources merged."""
     try:
-        with atomic_output(dst, force=args.force) as tmp:
-            source = entries([src])
-            if dst.endswith((".jsonl", ".ndjson", ".json")):
-                n = write_jsonl((to_record(e) for e in source), tmp)
-            else:
-                with Journal(tmp) as journal:
-                    journal.create_views(journal_views())
-                    batch = []
-                    n = 0
-                    for entry in source:
-                        batch.append(to_record(entry))
-                        if len(batch) == 4096:
-                            n += journal.append(batch)
-                            batch = []
-                    n += journal.append(batch)
+        n = merge(args.source, args.destination, force=args.force)
     except (JournalError, OSError) as exc:
         return unusable(exc, as_json=False)
-    print(f"wrote {n} records to {dst}")
+    print(f"wrote {n} records to {args.destination}")
     return EXIT_CLEAN

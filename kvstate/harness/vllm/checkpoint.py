@@ -15,8 +15,9 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
-CONFIG = {
+CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "vocab_size": 512,
@@ -49,8 +50,11 @@ def write(folder: Path, seed: int = 0) -> Path:
     g = torch.Generator().manual_seed(seed)
     c = CONFIG
     h, inter, heads, kv, hd = (
-        c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
-        c["num_key_value_heads"], c["head_dim"],
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
     )
 
     def normal(*shape: int, std: float) -> torch.Tensor:

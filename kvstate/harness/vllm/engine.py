@@ -116,7 +116,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         if journaled:
             import kvstate.vllm
 
-            kvstate.vllm.finish(error=f"watchdog: the engine made no progress in {cfg['watchdog']} s")
+            kvstate.vllm.finish(
+                error=f"watchdog: the engine made no progress in {cfg['watchdog']} s"
+            )
         _write_json(out_path, result)
         os._exit(3)
 
@@ -158,11 +160,12 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     result["engine_started_s"] = round(time.monotonic() - started, 1)
 
     def generate(batch: list[int]) -> dict[str, Any]:
-        outs = llm.generate([TokensPrompt(prompt_token_ids=work[i]) for i in batch], params,
-                            use_tqdm=False)
+        outs = llm.generate(
+            [TokensPrompt(prompt_token_ids=work[i]) for i in batch], params, use_tqdm=False
+        )
         return {
             str(i): {"req": o.request_id, "tokens": list(o.outputs[0].token_ids)}
-            for i, o in zip(batch, outs)
+            for i, o in zip(batch, outs, strict=True)
         }
 
     t0 = time.monotonic()

