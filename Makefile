@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system-packages demo test lint bench soak clean
+.PHONY: setup system-packages demo vllm-demo vllm-venvs test test-quick lint bench soak clean
 
 setup: $(VENV)/.installed
 
@@ -28,12 +28,27 @@ system-packages:
 demo: setup
 	$(BIN)/kvstate demo --out demo --force
 
-# ruff and mypy first, so the last line CI prints is pytest's summary.
-test: setup
+# The real vLLM engine, before and after vLLM #52372 (docs/vllm.md). The first
+# run creates .venv-vllm-0.27.1 and .venv-vllm-0.32.0 from the registry (about
+# 8 minutes each); later runs reuse them. About 2 minutes after that.
+vllm-demo: setup vllm-venvs
+	$(BIN)/kvstate vllm-demo --out vllm-demo --force
+
+vllm-venvs: setup
+	$(BIN)/python -m kvstate.harness.vllm.venvs
+
+# ruff and mypy first, so the last line CI prints is pytest's summary. The
+# real-vLLM suite (marker vllm) runs once, in the second pass.
+test: setup vllm-venvs
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -O -m pytest -p no:cacheprovider -W ignore::pytest.PytestConfigWarning
+	$(BIN)/python -O -m pytest -p no:cacheprovider -W ignore::pytest.PytestConfigWarning -m "not vllm"
 	$(BIN)/python -m pytest
+
+# The quick loop: everything but the real-vLLM suite.
+test-quick: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -m "not vllm"
 
 lint: setup
 	$(BIN)/ruff check .

@@ -7,7 +7,8 @@ millisecond, so the store queue is empty before a preemption can land).
 Round 1 sends every prompt at once; after the store work drains and the
 local prefix cache is reset, round 2 sends them one at a time, loading from
 the store. ``mode="reference"`` runs the same prompts without a connector:
-the greedy tokens every other run is compared with.
+the greedy tokens every other run is compared with; ``mode="plain"`` runs
+vLLM's connector without kvstate (the overhead benchmark's baseline).
 
 A watchdog ends a run that stops making progress (the connector before
 vLLM #52372 can starve its pool): the journals end with ``engine_crashed``
@@ -171,7 +172,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     t0 = time.monotonic()
     result["round1"] = generate(list(range(len(work))))
     result["round1_s"] = round(time.monotonic() - t0, 2)
-    if mode != "reference":
+    if mode != "reference" and cfg.get("round2", True):
         result["reset"] = _drain_and_reset(llm, cfg.get("drain_s", 30))
         t0 = time.monotonic()
         for i in range(len(work)):

