@@ -24,8 +24,8 @@ from kvstate.harness.vllm.demo import _engine
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = {
-    "prompts": 32,
-    "groups": 8,
+    "prompts": 96,
+    "groups": 12,
     "blocks": 96,
     "max_seqs": 16,
     "max_tokens": 96,

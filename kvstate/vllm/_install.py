@@ -56,18 +56,21 @@ def installed() -> Connector | None:
 
 
 def install(
-    journal_dir: str | os.PathLike[str] | None = None, *, fingerprint: bool = True
+    journal_dir: str | os.PathLike[str] | None = None, *, fingerprint: bool | None = None
 ) -> Connector:
     """Journal every MooncakeStoreConnector of this process from now on.
 
-    Idempotent. Raises :class:`UnsupportedVLLMError` (and patches nothing)
+    ``fingerprint`` (default on) hashes each saved block when the save is
+    requested and again when the put reads it. Idempotent: a later call
+    changes only what it names. Raises :class:`UnsupportedVLLMError` (and patches nothing)
     when the installed vLLM lacks a hook the observer needs.
     """
     global _connector
     with _lock:
         if journal_dir is not None:
             _journals.chosen_dir = Path(journal_dir)
-        _settings["fingerprint"] = fingerprint
+        if fingerprint is not None:  # a later bare install() keeps the choice
+            _settings["fingerprint"] = fingerprint
         if _connector is not None:
             return _connector
         connector = detect()

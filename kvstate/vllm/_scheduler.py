@@ -239,10 +239,16 @@ class SchedulerObserver:
             self._record(ev.PinsReleased(job=job, blocks=list(reversed(blocks))))
 
     def commit(self) -> None:
-        """End the step's group commit; an engine step that changed nothing writes nothing."""
+        """End the step's group commit; an engine step that changed nothing writes nothing.
+
+        The engine never waits for the disk: the batch goes to the writer
+        thread (``wait=False``). A process killed within a step or two of its
+        end can lose those records; its journal then ends before
+        ``engine_idle`` and replay says ``UNFINISHED``, never clean.
+        """
         if self.recorder.recorded != self._committed:
             self._committed = self.recorder.recorded
-            self.recorder.commit()
+            self.recorder.commit(wait=False)
 
     def close(self, *, idle: bool = True, error: str | None = None) -> None:
         if error is not None:

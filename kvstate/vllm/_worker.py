@@ -88,7 +88,7 @@ class WorkerObserver:
         # Sending-thread records land between steps; each step commits what is there.
         if self.recorder.recorded != self._committed:
             self._committed = self.recorder.recorded
-            self.recorder.commit()
+            self.recorder.commit(wait=False)  # as the scheduler: the engine never waits
 
     def ledger_entry_dropped(self, req: str) -> None:
         """``delete_finished_stored_request``: a preemption seen, or a finished request retired."""

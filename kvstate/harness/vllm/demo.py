@@ -161,6 +161,8 @@ def _traces(engine: dict[str, Any], wrong: list[str], result: ReplayResult) -> d
         for rnd in ("round1", "round2"):
             req = engine[rnd].get(prompt, {}).get("req")
             found += [f"{rnd} request {req}: {what}" for what in by_req.get(req, [])]
+        # The load of poisoned KV is the direct cause; the reads that wrote it come after.
+        found.sort(key=lambda line: "WRONG_KV_LOADED" not in line)
         traces[prompt] = found
     return traces
 

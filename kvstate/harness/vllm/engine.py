@@ -98,7 +98,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
 
     model = checkpoint.write(Path(cfg["model"]), seed=cfg.get("model_seed", 0))
     mode = cfg["mode"]
-    result: dict[str, Any] = {"mode": mode, "round1": {}, "round2": {}, "events": []}
+    result: dict[str, Any] = {"mode": mode, "round1": {}, "round2": {}}
     started = time.monotonic()
     journaled = mode == "journal"
     if mode != "reference":
