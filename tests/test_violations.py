@@ -474,3 +474,39 @@ def test_rank_outside_the_world_is_causality() -> None:
     j.enqueue(0, "a", 0, reads=[1])
     bad = j.add("job_received", job=0, rank=2)
     assert j.only("CAUSALITY").seq == bad
+
+
+# -- additions: the blocks a transfer actually reads, and proof by bytes -----------------
+
+
+def test_dma_blocks_limits_the_check_to_what_was_read() -> None:
+    """Keys already in the store are not read again: their reused blocks are no poison."""
+    j, _ = poison_setup(pins=[])
+    j.admit("b", blocks=[2])  # block 2 changes hands; block 1 does not
+    j.add("job_started", job=0, rank=0)
+    j.add("dma_started", job=0, rank=0, blocks=[1])
+    j.add("dma_done", job=0, rank=0, blocks=[1])
+    assert "POISONED_READ" not in j.codes()
+    read = j.add("dma_started", job=0, rank=0, blocks=[1, 2])
+    v = j.only("POISONED_READ")
+    assert (v.seq, v.block) == (read, 2)
+
+
+def test_dma_done_with_different_bytes_is_a_poisoned_read() -> None:
+    j, _ = poison_setup(pins=[1, 2])  # pinned: the epochs cannot tell
+    j.add("job_started", job=0, rank=0)
+    j.add("dma_started", job=0, rank=0)
+    same = j.add("dma_done", job=0, rank=0, digest="aa", expected="aa")
+    assert "POISONED_READ" not in j.codes()
+    differs = j.add("dma_done", job=0, rank=0, digest="bb", expected="aa")
+    v = j.only("POISONED_READ")
+    assert (v.seq, v.job, v.rank) == (differs, 0, 0) and same < differs
+    assert "bb" in v.message and "aa" in v.message
+
+
+def test_bytes_do_not_repeat_what_the_epochs_found() -> None:
+    j, _ = poison_setup(pins=[])
+    j.admit("b", blocks=[2])
+    j.add("dma_started", job=0, rank=0)
+    j.add("dma_done", job=0, rank=0, digest="bb", expected="aa")
+    assert [v.code.value for v in j.fold()[0]].count("POISONED_READ") == 1
