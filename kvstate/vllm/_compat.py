@@ -39,6 +39,7 @@ _COMMON = (
     ("worker", "KVCacheStoreSendingThread", "_should_skip_request"),
     ("worker", "KVCacheStoreSendingThread", "_mark_request_skipped_for_pressure"),
     ("worker", "KVCacheStoreSendingThread", "delete_finished_stored_request"),
+    ("worker", "KVCacheStoreSendingThread", "update_kv_event"),
     ("worker", "KVCacheStoreRecvingThread", "_handle_request"),
     ("data", "ChunkedTokenDatabase", "prepare_value_for_block"),
 )

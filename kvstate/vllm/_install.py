@@ -253,13 +253,14 @@ def _patch_all(c: Connector) -> None:
     def sched_output(original: Any) -> Any:
         def update_connector_output(self: Any, connector_output: Any) -> Any:
             observer = _scheduler_observer(self)
-            if observer is None:
-                return original(self, connector_output)
-            before = {job: list(ids) for job, (ids, _) in self._pinned_saves.items()}
-            result = original(self, connector_output)
             meta = connector_output.kv_connector_worker_meta
             completed = dict(getattr(meta, "completed_saves", None) or {})
-            released = {job: ids for job, ids in before.items() if job not in self._pinned_saves}
+            if observer is None or not completed:
+                return original(self, connector_output)  # most steps: nothing reported
+            pinned = self._pinned_saves
+            before = {job: list(pinned[job][0]) for job in completed if job in pinned}
+            result = original(self, connector_output)
+            released = {job: ids for job, ids in before.items() if job not in pinned}
             _observe(lambda: observer.completions(completed, released))
             return result
 
@@ -346,6 +347,28 @@ def _patch_all(c: Connector) -> None:
 
         return _mark_request_skipped_for_pressure
 
+    def kv_events(original: Any) -> Any:
+        def update_kv_event(self: Any, events: Any) -> Any:
+            observer = _worker_observer(self)
+            if observer is not None:
+                _observe(lambda: observer.kv_events(events))
+            return original(self, events)
+
+        return update_kv_event
+
+    def retry_tokens(original: Any) -> Any:
+        def _update_retry_token_ids(self: Any, req_meta: Any, *args: Any, **kwargs: Any) -> Any:
+            req = req_meta.req_id
+            before = self._retry_token_ids.get(req)
+            result = original(self, req_meta, *args, **kwargs)
+            after = self._retry_token_ids.get(req)
+            observer = _worker_observer(self)
+            if observer is not None and after is not before:
+                _observe(lambda: observer.retry_tokens(req, after))
+            return result
+
+        return _update_retry_token_ids
+
     def dropped(original: Any) -> Any:
         def delete_finished_stored_request(self: Any, req_id: str) -> None:
             had = req_id in self.stored_requests
@@ -392,6 +415,9 @@ def _patch_all(c: Connector) -> None:
     _patch(send, "_record_saved", record_saved)
     _patch(send, "_mark_request_skipped_for_pressure", mark_skipped)
     _patch(send, "delete_finished_stored_request", dropped)
+    _patch(send, "update_kv_event", kv_events)
+    if hasattr(send, "_update_retry_token_ids"):  # KV-event retries, after #52372
+        _patch(send, "_update_retry_token_ids", retry_tokens)
     _patch(recv, "__init__", recv_init)
     _patch(recv, "_handle_request", recv_handle)
 

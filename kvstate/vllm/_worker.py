@@ -30,6 +30,9 @@ def _key_hex(key: str) -> str:
     return key.rsplit("@", 1)[-1]
 
 
+_LOW_64 = (1 << 64) - 1
+
+
 class _Job:
     """What the sending thread is doing for one job, while it does it."""
 
@@ -42,6 +45,27 @@ class _Job:
         self.started = False
         self.existed = 0
         self.chunk_of: dict[str, int] | None = None
+
+    def event_names(self) -> Any:
+        """Names for the hashes in KV events, as the journal names keys (hex).
+
+        vLLM publishes a hash as bytes, or (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``)
+        as the low 64 bits of its big-endian value; the request's own hash
+        chain maps the latter back. A hash outside the chain keeps a name that
+        says what it was, and replay flags it.
+        """
+        by_int = {
+            int.from_bytes(h, "big") & _LOW_64: h.hex()
+            for h in (self.meta.block_hashes or ())
+            if isinstance(h, bytes)
+        }
+
+        def name(block_hash: Any) -> str:
+            if isinstance(block_hash, int):
+                return by_int.get(block_hash, f"int:{block_hash}")
+            return block_hash.hex() if hasattr(block_hash, "hex") else str(block_hash)
+
+        return name
 
     def chunk(self, key_hex: str) -> int | None:
         if self.chunk_of is None:
@@ -158,6 +182,40 @@ class WorkerObserver:
         run = self.started()
         if run is not None:
             self._record(ev.RequestMarkedSkipped(job=run.id, rank=self.rank, req=req))
+
+    def kv_events(self, events: Any) -> None:
+        """``BlockStored`` events the job publishes: each key and the parent vLLM gave it."""
+        run = self.started()
+        if run is None:
+            return
+        name = run.event_names()
+        for stored in events:
+            parent = stored.parent_block_hash
+            for block_hash in stored.block_hashes:
+                self._record(
+                    ev.KvBlockStored(
+                        job=run.id,
+                        rank=self.rank,
+                        key=name(block_hash),
+                        parent=None if parent is None else name(parent),
+                    )
+                )
+                parent = block_hash
+
+    def retry_tokens(self, req: str, state: tuple[int, list[int]] | None) -> None:
+        """vLLM kept (or dropped) the token ids of a range whose KV events must be retried."""
+        run = self.started()
+        if run is None:
+            return
+        if state is None:
+            self._record(ev.RetryTokensCleared(job=run.id, rank=self.rank, req=req))
+        else:
+            start, tokens = state
+            self._record(
+                ev.RetryTokensSet(
+                    job=run.id, rank=self.rank, req=req, start=start, count=len(tokens)
+                )
+            )
 
     def before_put(self, keys: list[str], addrs: Any, sizes: Any) -> tuple[Any, ...] | None:
         """``batch_put_from_multi_buffers`` is about to read the blocks."""

@@ -144,6 +144,12 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             kv_connector_extra_config=extra,
             **({"kv_connector_module_path": "kvstate.vllm"} if journaled else {}),
         )
+    if mode != "reference" and cfg.get("kv_events", True):
+        # The connector publishes BlockStored events only with KV events on;
+        # the journal then checks each event's parent against the hash chain.
+        from vllm.config import KVEventsConfig
+
+        kwargs["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
     llm = LLM(
         model=str(model),
         skip_tokenizer_init=True,
