@@ -70,12 +70,52 @@ def test_prefix_release_is_flagged_and_every_wrong_output_explained(
     codes = set(legacy["codes"])
     # The poisoning of vLLM #52360, proven by epochs and by bytes, and the
     # req-id ABA of #51637 (a stale job's effect on the new generation).
-    assert {"POISONED_READ", "POISONED_KEY", "STALE_GENERATION"} <= codes, codes
+    # ... and KV-event parents taken from store order instead of the hash chain.
+    assert {"POISONED_READ", "POISONED_KEY", "STALE_GENERATION", "PARENT_CHAIN_BROKEN"} <= codes
     assert legacy["counts"]["poisoned keys"] > 0
     assert legacy["wrong_outputs"], "the poisoned keys changed no greedy output"
     for prompt in legacy["wrong_outputs"]:
         assert legacy["traces"][prompt], f"prompt {prompt}: no violation names its requests"
     assert replay([str(out / "legacy.db")]).exit_status == 1
+
+
+@pytest.mark.vllm
+def test_watchdog_ends_a_run_with_a_crash_not_a_hang(tmp_path: Path) -> None:
+    """A run that outlives its watchdog ends as CRASH, naming the watchdog; never clean."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replay",
+            "vllm-demo",
+            "--out",
+            str(tmp_path),
+            "--release",
+            "0.27.1",
+            "--prompts",
+            "16",
+            "--groups",
+            "4",
+            "--blocks",
+            "20",
+            "--put-delay",
+            "1",
+            "--watchdog",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1200,
+        check=False,
+    )
+    assert "ended by the watchdog" in done.stdout, done.stdout + done.stderr
+    legacy = _summary(tmp_path)["0.27.1"]
+    assert "CRASH" in legacy["codes"]
+    result = replay([str(tmp_path / "legacy.db")], require_idle=True)
+    crash = [v for v in result.violations if v.code.value == "CRASH"]
+    assert crash and "watchdog" in crash[0].message
+    assert not result.unfinished  # the journal ends with engine_crashed
 
 
 @pytest.mark.vllm

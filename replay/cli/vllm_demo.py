@@ -37,15 +37,15 @@ def add_parser(sub: Subparsers) -> None:
         "flagged and the fixed one is clean with no wrong output.",
     )
     p.add_argument("--out", default="vllm-demo", help="folder for the journals (vllm-demo/)")
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--groups", type=int, default=4, help="prompt groups sharing a 64-token prefix")
-    p.add_argument("--blocks", type=int, default=20, help="KV blocks in the engine's pool")
+    p.add_argument("--prompts", type=int, default=96)
+    p.add_argument("--groups", type=int, default=8, help="prompt groups sharing a 64-token prefix")
+    p.add_argument("--blocks", type=int, default=32, help="KV blocks in the engine's pool")
     p.add_argument("--max-seqs", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument(
         "--put-delay",
         type=float,
-        default=1.0,
+        default=0.1,
         help="seconds each put on the sending thread waits before it reads the blocks (the "
         "race's window; on this CPU a loopback put otherwise finishes before any preemption)",
     )

