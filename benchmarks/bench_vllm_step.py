@@ -24,8 +24,8 @@ from kvstate.harness.vllm.demo import _engine
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = {
-    "prompts": 96,
-    "groups": 12,
+    "prompts": 192,
+    "groups": 16,
     "blocks": 96,
     "max_seqs": 16,
     "max_tokens": 96,
@@ -71,6 +71,7 @@ def main() -> int:
             result = _engine(python, cfg, work, f"run-{i}", env, 900)
             times[variant].append(result["round1_s"])
             print(f"{variant:>20}: round 1 {result['round1_s']:.2f} s", flush=True)
+    pairs = [j / p for p, j in zip(times["plain"], times["journal"], strict=True)]
     plain = statistics.median(times["plain"])
     journal = statistics.median(times["journal"])
     fingerprint = statistics.median(times["journal+fingerprint"])
@@ -81,6 +82,10 @@ def main() -> int:
     print(f"  journal off          {plain:.2f} s")
     print(f"  journal on           {journal:.2f} s   ratio {journal / plain:.3f}")
     print(f"  journal+fingerprint  {fingerprint:.2f} s   ratio {fingerprint / plain:.3f}")
+    print(
+        f"  per pair (journal / the plain run just before): "
+        f"{', '.join(f'{r:.3f}' for r in pairs)}; median {statistics.median(pairs):.3f}"
+    )
     return 0
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from kvstate import events as ev
 from kvstate.recorder import Recorder
+from kvstate.vllm._commit import GroupCommit
 
 
 def _table(block_ids: Any) -> list[int]:
@@ -48,7 +49,7 @@ class SchedulerObserver:
         self.block_size = block_size
         self.numbering = numbering
         self.step = 0
-        self._committed = 0
+        self.group = GroupCommit(recorder)
         self.gens: dict[str, int] = {}
         self.finished: set[str] = set()
         #: admitted for a load, not yet scheduled
@@ -109,10 +110,14 @@ class SchedulerObserver:
             )
         cached_reqs = out.scheduled_cached_reqs
         resumed: set[str] = getattr(cached_reqs, "resumed_req_ids", set()) or set()
-        for i, req in enumerate(cached_reqs.req_ids):
-            table = _table(cached_reqs.new_block_ids[i])
+        # Most decode steps allocate nothing: skip those requests at C speed.
+        for i, new_ids in enumerate(cached_reqs.new_block_ids):
+            if not new_ids or not new_ids[0]:
+                continue
+            req = cached_reqs.req_ids[i]
             if req not in self.gens:
                 continue
+            table = _table(new_ids)
             if req in resumed:
                 self.gens[req] += 1
                 self._record(ev.RequestResumed(req=req, gen=self.gens[req]))
@@ -239,16 +244,8 @@ class SchedulerObserver:
             self._record(ev.PinsReleased(job=job, blocks=list(reversed(blocks))))
 
     def commit(self) -> None:
-        """End the step's group commit; an engine step that changed nothing writes nothing.
-
-        The engine never waits for the disk: the batch goes to the writer
-        thread (``wait=False``). A process killed within a step or two of its
-        end can lose those records; its journal then ends before
-        ``engine_idle`` and replay says ``UNFINISHED``, never clean.
-        """
-        if self.recorder.recorded != self._committed:
-            self._committed = self.recorder.recorded
-            self.recorder.commit(wait=False)
+        """A step boundary: commit in groups (see :mod:`kvstate.vllm._commit`)."""
+        self.group.step_ended()
 
     def close(self, *, idle: bool = True, error: str | None = None) -> None:
         if error is not None:

@@ -23,6 +23,7 @@ from typing import Any
 from kvstate import events as ev
 from kvstate.recorder import Recorder
 from kvstate.vllm import _fingerprint
+from kvstate.vllm._commit import GroupCommit
 
 
 def _key_hex(key: str) -> str:
@@ -84,7 +85,7 @@ class WorkerObserver:
         self.rank = rank
         self.fingerprint = fingerprint
         self.step = 0
-        self._committed = 0
+        self.group = GroupCommit(recorder)
         self.lock = threading.Lock()
         self.current = threading.local()
         #: job -> chunk index -> digest at save-request time
@@ -109,10 +110,8 @@ class WorkerObserver:
 
     def after_step(self) -> None:
         self.preempting = {}
-        # Sending-thread records land between steps; each step commits what is there.
-        if self.recorder.recorded != self._committed:
-            self._committed = self.recorder.recorded
-            self.recorder.commit(wait=False)  # as the scheduler: the engine never waits
+        # Sending-thread records land between steps; step boundaries commit them in groups.
+        self.group.step_ended()
 
     def ledger_entry_dropped(self, req: str) -> None:
         """``delete_finished_stored_request``: a preemption seen, or a finished request retired."""
