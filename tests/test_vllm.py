@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from replay.engine import replay
+from replay.sources import entries
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -116,6 +117,60 @@ def test_watchdog_ends_a_run_with_a_crash_not_a_hang(tmp_path: Path) -> None:
     crash = [v for v in result.violations if v.code.value == "CRASH"]
     assert crash and "watchdog" in crash[0].message
     assert not result.unfinished  # the journal ends with engine_crashed
+
+
+@pytest.mark.vllm
+def test_install_journals_vllms_own_connector_class(tmp_path: Path) -> None:
+    """``install()`` with vLLM's own connector name: the same journal, no subclass."""
+    from kvstate.harness.live.master import MooncakeMaster
+    from kvstate.harness.vllm import venvs
+    from kvstate.harness.vllm.demo import _engine
+
+    python = venvs.python_of(venvs.ensure(ROOT, "0.32.0"))
+    journals = tmp_path / "journals"
+    config = {
+        "mode": "journal",
+        "via": "install",
+        "journal_dir": str(journals),
+        "model": str(tmp_path / "model"),
+        "prompts": 12,
+        "groups": 3,
+        "blocks": 16,
+        "max_seqs": 8,
+        "max_tokens": 32,
+        "put_delay": 0.05,
+        "watchdog": 300,
+        "round2": False,
+    }
+    with MooncakeMaster() as address:
+        mooncake = tmp_path / "mooncake.json"
+        mooncake.write_text(
+            json.dumps(
+                {
+                    "metadata_server": address.metadata_url,
+                    "master_server_address": address.rpc_address,
+                    "protocol": "tcp",
+                    "device_name": "",
+                    "global_segment_size": "256MB",
+                    "local_buffer_size": "64MB",
+                }
+            )
+        )
+        env = {**os.environ, "MOONCAKE_CONFIG_PATH": str(mooncake)}
+        _engine(python, config, tmp_path, "install", env, 900)
+    parts = sorted(str(p) for p in journals.glob("*.db"))
+    assert [Path(p).name.split("-")[0] for p in parts] == ["scheduler", "worker"]
+    result = replay(parts, require_idle=True)
+    assert result.exit_status == 0, [v.message for v in result.violations[:3]]
+    kinds = {e.event.kind for e in entries(parts)}
+    assert {
+        "request_preempted",
+        "job_enqueued",
+        "put_done",
+        "pins_released",
+        "key_verified",
+        "engine_idle",
+    } <= kinds
 
 
 @pytest.mark.vllm

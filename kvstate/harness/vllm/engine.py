@@ -9,6 +9,8 @@ local prefix cache is reset, round 2 sends them one at a time, loading from
 the store. ``mode="reference"`` runs the same prompts without a connector:
 the greedy tokens every other run is compared with; ``mode="plain"`` runs
 vLLM's connector without kvstate (the overhead benchmark's baseline).
+``mode="journal"`` journals it through the connector setting, or with
+``via="install"`` through ``kvstate.vllm.install()`` and vLLM's own name.
 
 A watchdog ends a run that stops making progress (the connector before
 vLLM #52372 can starve its pool): the journals end with ``engine_crashed``
@@ -131,14 +133,16 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     if mode != "reference":
         extra: dict[str, Any] = {"load_async": True}
         name = "MooncakeStoreConnector"
-        if journaled:
+        # Two ways in: the connector setting, or install() and vLLM's own name.
+        subclass = journaled and cfg.get("via", "connector") == "connector"
+        if subclass:
             extra["kvstate_journal_dir"] = cfg["journal_dir"]
             name = "JournaledMooncakeStoreConnector"
         kwargs["kv_transfer_config"] = KVTransferConfig(
             kv_connector=name,
             kv_role="kv_both",
             kv_connector_extra_config=extra,
-            **({"kv_connector_module_path": "kvstate.vllm"} if journaled else {}),
+            **({"kv_connector_module_path": "kvstate.vllm"} if subclass else {}),
         )
     if mode != "reference" and cfg.get("kv_events", True):
         # The connector publishes BlockStored events only with KV events on;
@@ -184,7 +188,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         for i in range(len(work)):
             result["round2"].update(generate([i]))
         result["round2_s"] = round(time.monotonic() - t0, 2)
-        _drain(llm, cfg.get("drain_s", 30))
+    if mode != "reference":
+        # Store jobs still in flight hold pins; the engine is idle only once they report.
+        result["drained"] = _drain(llm, cfg.get("drain_s", 30))
     timer.cancel()
     if journaled:
         import kvstate.vllm
