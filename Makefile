@@ -59,7 +59,7 @@ soak: setup
 	$(BIN)/python -m tests.crashsim --kills 3000
 
 bench: setup
-	$(BIN)/python benchmarks/bench_hot_path.py
+	$(BIN)/python -m benchmarks --out bench-results --force
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,31 @@
+"""``python -m benchmarks [--quick] [--out DIR] [--force]``: the performance table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from benchmarks.runner import markdown, run, write
+from journal import OutputExists
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (the test suite)")
+    parser.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md")
+    parser.add_argument("--force", action="store_true", help="replace earlier results")
+    args = parser.parse_args(argv)
+    report = run(args.quick)
+    print(markdown(report), end="")
+    try:
+        for path in write(report, Path(args.out), force=args.force):
+            print(f"wrote {path}")
+    except OutputExists as exc:
+        print(f"python -m benchmarks: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

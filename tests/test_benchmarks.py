@@ -1,0 +1,44 @@
+"""``python -m benchmarks --quick`` keeps working: every row, a ratio, files written safely."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_quick_run_measures_every_row_against_its_target(tmp_path: Path) -> None:
+    done = _run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "bench.json").read_text())
+    rows = {r["name"]: r for r in report["rows"]}
+    measured = [r for r in rows.values() if r["measured"] is not None]
+    assert len(measured) >= 6
+    for r in measured:
+        assert r["measured"] > 0 and r["ratio"] > 0 and isinstance(r["met"], bool), r
+    # The replay rows come from journals actually written and replayed clean.
+    assert all(p["violations"] == 0 and p["records"] > 0 for p in report["replay_points"])
+    table = (tmp_path / "bench.md").read_text()
+    assert all(name in table for name in rows)
+    assert "| caller cost per recorded event, in memory |" in done.stdout
+
+
+def test_results_are_never_overwritten_without_force(tmp_path: Path) -> None:
+    (tmp_path / "bench.json").write_text("mine\n")
+    done = _run(tmp_path)
+    assert done.returncode == 2 and "already exists" in done.stderr
+    assert (tmp_path / "bench.json").read_text() == "mine\n"
