@@ -29,6 +29,9 @@ _connector: Connector | None = None
 #: every observer of this process, closed by :func:`finish`
 schedulers: list[SchedulerObserver] = []
 workers: dict[int, WorkerObserver] = {}
+#: the worker's vLLM config, seen by ``MooncakeStoreWorker.__init__`` before its
+#: threads exist (they open the rank's journal and need its world size)
+_worker_config: dict[str, Any] = {}
 _settings: dict[str, Any] = {"fingerprint": True}
 #: errors inside the observer; a journal they touched is never reported clean
 failures: list[str] = []
@@ -176,9 +179,6 @@ def _worker_observer(thread: Any) -> WorkerObserver | None:
                 )
                 workers[rank] = observer
     return observer
-
-
-_worker_config: dict[str, Any] = {}
 
 
 def _world_size(config: Any) -> int:
