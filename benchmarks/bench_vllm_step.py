@@ -12,7 +12,6 @@ measured separately. Run: ``python benchmarks/bench_vllm_step.py [--pairs N]``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from kvstate.harness.live.master import MooncakeMaster
 from kvstate.harness.vllm import venvs
-from kvstate.harness.vllm.demo import _engine
+from kvstate.harness.vllm.demo import run_engine, store_env
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = {
@@ -45,20 +44,7 @@ def main() -> int:
     times: dict[str, list[float]] = {"plain": [], "journal": [], "journal+fingerprint": []}
     with tempfile.TemporaryDirectory(prefix="kvstate-bench-") as tmp, MooncakeMaster() as address:
         work = Path(tmp)
-        config = work / "mooncake.json"
-        config.write_text(
-            json.dumps(
-                {
-                    "metadata_server": address.metadata_url,
-                    "master_server_address": address.rpc_address,
-                    "protocol": "tcp",
-                    "device_name": "",
-                    "global_segment_size": "512MB",
-                    "local_buffer_size": "64MB",
-                }
-            )
-        )
-        env = {**os.environ, "MOONCAKE_CONFIG_PATH": str(config)}
+        env = {**os.environ, **store_env(address, work / "mooncake.json")}
         base = {**WORKLOAD, "model": str(work / "model")}
         plan = ["plain", "journal"] * args.pairs + ["journal+fingerprint"]
         for i, variant in enumerate(plan):
@@ -68,7 +54,7 @@ def main() -> int:
                 "journal_dir": str(work / f"journals-{i}"),
                 "fingerprint": variant == "journal+fingerprint",
             }
-            result = _engine(python, cfg, work, f"run-{i}", env, 900)
+            result = run_engine(python, cfg, work, f"run-{i}", env, 900)
             times[variant].append(result["round1_s"])
             print(f"{variant:>20}: round 1 {result['round1_s']:.2f} s", flush=True)
     pairs = [j / p for p, j in zip(times["plain"], times["journal"], strict=True)]

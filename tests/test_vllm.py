@@ -124,7 +124,7 @@ def test_install_journals_vllms_own_connector_class(tmp_path: Path) -> None:
     """``install()`` with vLLM's own connector name: the same journal, no subclass."""
     from kvstate.harness.live.master import MooncakeMaster
     from kvstate.harness.vllm import venvs
-    from kvstate.harness.vllm.demo import _engine
+    from kvstate.harness.vllm.demo import run_engine, store_env
 
     python = venvs.python_of(venvs.ensure(ROOT, "0.32.0"))
     journals = tmp_path / "journals"
@@ -143,21 +143,8 @@ def test_install_journals_vllms_own_connector_class(tmp_path: Path) -> None:
         "round2": False,
     }
     with MooncakeMaster() as address:
-        mooncake = tmp_path / "mooncake.json"
-        mooncake.write_text(
-            json.dumps(
-                {
-                    "metadata_server": address.metadata_url,
-                    "master_server_address": address.rpc_address,
-                    "protocol": "tcp",
-                    "device_name": "",
-                    "global_segment_size": "256MB",
-                    "local_buffer_size": "64MB",
-                }
-            )
-        )
-        env = {**os.environ, "MOONCAKE_CONFIG_PATH": str(mooncake)}
-        _engine(python, config, tmp_path, "install", env, 900)
+        env = {**os.environ, **store_env(address, tmp_path / "mooncake.json", "256MB")}
+        run_engine(python, config, tmp_path, "install", env, 900)
     parts = sorted(str(p) for p in journals.glob("*.db"))
     assert [Path(p).name.split("-")[0] for p in parts] == ["scheduler", "worker"]
     result = replay(parts, require_idle=True)

@@ -57,10 +57,6 @@ class SchedulerObserver:
         #: requests whose finish held their blocks (before #52372)
         self.holding: dict[str, int] = {}
         self.next_job = 0
-        # counters for the demo's table
-        self.jobs = 0
-        self.preemptions = 0
-        self.loads = 0
 
     def _record(self, event: ev.Event) -> None:
         self.recorder.record(event, self.step)
@@ -87,7 +83,6 @@ class SchedulerObserver:
                 continue
             self._record(ev.RequestPreempted(req=req, gen=gen))
             preempted[req] = gen
-            self.preemptions += 1
         for new in out.scheduled_new_reqs:
             req = new.req_id
             table = _table(new.block_ids)
@@ -156,10 +151,8 @@ class SchedulerObserver:
         req = req_meta.req_id
         spec = req_meta.load_spec
         loading = spec is not None and spec.can_load
-        if loading:
-            self.loads += 1
-            if req not in self.gens:
-                self._admit_waiting(sched, req_meta, spec)
+        if loading and req not in self.gens:
+            self._admit_waiting(sched, req_meta, spec)
         gen = self.gens.get(req)
         req_meta._kvstate_gen = gen
         if not req_meta.can_save or gen is None:
@@ -196,7 +189,6 @@ class SchedulerObserver:
                 world_size=self.world_size,
             )
         )
-        self.jobs += 1
 
     def _admit_waiting(self, sched: Any, req_meta: Any, spec: Any) -> None:
         """A request waiting for an asynchronous load holds blocks before it is scheduled.

@@ -86,7 +86,6 @@ class WorkerObserver:
         self.fingerprint = fingerprint
         self.step = 0
         self.group = GroupCommit(recorder)
-        self.lock = threading.Lock()
         self.current = threading.local()
         #: job -> chunk index -> digest at save-request time
         self.requested: dict[int, dict[int, str]] = {}
@@ -96,8 +95,6 @@ class WorkerObserver:
         self.newest: dict[str, int] = {}
         self.preempting: dict[str, int] = {}
         self.store: Any = None
-        self.puts = 0
-        self.stale_puts = 0
 
     def _record(self, event: ev.Event) -> None:
         self.recorder.record(event, self.step)
@@ -242,7 +239,6 @@ class WorkerObserver:
         self._record(
             ev.DmaDone(job=run.id, rank=self.rank, digest=digest, blocks=blocks, expected=expected)
         )
-        self.puts += 1
         if error is not None:
             self._record(ev.PutFailed(job=run.id, rank=self.rank, error=repr(error)[:200]))
             return

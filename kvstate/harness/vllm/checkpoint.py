@@ -12,10 +12,10 @@ safetensors).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from journal import atomic_output
 
 CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -80,8 +80,6 @@ def write(folder: Path, seed: int = 0) -> Path:
         ("config.json", lambda f: f.write_text(json.dumps(CONFIG, indent=2) + "\n")),
         ("model.safetensors", lambda f: save_file(tensors, str(f))),
     ):
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
-        os.close(fd)
-        write_to(Path(tmp))
-        os.replace(tmp, folder / name)
+        with atomic_output(folder / name, force=True) as tmp:
+            write_to(Path(tmp))
     return folder

