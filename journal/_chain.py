@@ -15,7 +15,8 @@ import msgpack
 DIGEST_SIZE = 16
 GENESIS = bytes(DIGEST_SIZE)
 
-_pack = msgpack.Packer(use_bin_type=True).pack
+#: the envelope ``(seq, kind, step, rank, ts)`` as hashed into each digest
+pack_envelope = msgpack.Packer(use_bin_type=True).pack
 
 
 def link(
@@ -29,6 +30,6 @@ def link(
 ) -> bytes:
     """The digest of one record given the digest of the record before it."""
     h = hashlib.blake2b(previous, digest_size=DIGEST_SIZE)
-    h.update(_pack((seq, kind, step, rank, ts)))
+    h.update(pack_envelope((seq, kind, step, rank, ts)))
     h.update(payload)
     return h.digest()

@@ -21,6 +21,7 @@ it goes by.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sqlite3
 import threading
@@ -40,6 +41,10 @@ _INSERT = (
 )
 _SELECT = f"SELECT seq, kind, step, rank, ts, payload, digest FROM {_schema.TABLE}"
 _FOLLOW_CHUNK = 4096
+#: rows fetched, chain-checked and decoded together when reading
+_READ_CHUNK = 1024
+#: one decoded row: seq, kind, step, rank, ts and the payload's fields
+Row = tuple[int, str, "int | None", "int | None", "int | None", dict[str, Any]]
 #: ``synchronous`` levels a journal can be opened with (see the module docstring)
 SYNCHRONOUS = ("NORMAL", "FULL")
 #: the seq "before every record": seqs are non-negative
@@ -170,6 +175,19 @@ class Journal:
         cannot read (a damaged page, text that is not UTF-8) raises
         :class:`RecordError` naming the last good seq.
         """
+        for seq, kind, step, rank, ts, fields in self.rows(after=after, upto=upto, verify=verify):
+            yield Record(seq, kind, fields, step, rank, ts)
+
+    def rows(
+        self, *, after: int = BEFORE_FIRST, upto: int | None = None, verify: bool = True
+    ) -> Iterator[Row]:
+        """:meth:`records` as plain tuples ``(seq, kind, step, rank, ts, payload)``.
+
+        The reading path of replay: rows are fetched, chain-checked and
+        decoded a chunk at a time, and no object is built per record beyond
+        the tuple and its payload dict. The checks are those of
+        :meth:`records`, which is this plus a :class:`Record` per row.
+        """
         last = after
         try:
             previous = self._digest_before(after) if verify else _chain.GENESIS
@@ -179,10 +197,18 @@ class Journal:
                 cursor = self._conn.execute(
                     f"{_SELECT} WHERE seq > ? AND seq <= ? ORDER BY seq", (after, upto)
                 )
-            for row in cursor:
-                record, previous = self._decode(row, previous, verify)
-                last = record.seq
-                yield record
+            while True:
+                chunk = cursor.fetchmany(_READ_CHUNK)
+                if not chunk:
+                    return
+                broken: RecordError | None = None
+                if verify:
+                    previous, good, broken = self._verify(chunk, previous)
+                    chunk = chunk[:good]
+                yield from self._decode_chunk(chunk)
+                if broken is not None:
+                    raise broken  # after the good records before it
+                last = chunk[-1][0]
         except sqlite3.Error as exc:
             where = "the first record" if last == BEFORE_FIRST else f"the record after seq {last}"
             raise RecordError(f"cannot read {where}: {exc}", path=self.path) from exc
@@ -230,31 +256,68 @@ class Journal:
         ).fetchone()
         return _chain.GENESIS if row is None else row[0]
 
-    def _decode(self, row: tuple[Any, ...], previous: bytes, verify: bool) -> tuple[Record, bytes]:
-        seq, kind, step, rank, ts, payload, digest = row
-        if type(payload) is not bytes or type(digest) is not bytes or type(kind) is not str:
-            raise RecordError(
-                "row does not have the journal's column types", path=self.path, seq=seq
-            )
-        if verify:
-            expected = _chain.link(previous, seq, kind, step, rank, ts, payload)
-            if expected != digest:
-                raise TamperedError(
-                    "digest does not match the hash chain: the record or one before it was changed",
-                    path=self.path,
-                    seq=seq,
+    def _verify(
+        self, chunk: list[tuple[Any, ...]], previous: bytes
+    ) -> tuple[bytes, int, RecordError | None]:
+        """Check a chunk of rows against the chain.
+
+        Returns the last good digest, how many rows are good, and the error
+        for the first bad one (None when all are good), so the caller still
+        hands out every record before a break. One tight loop per chunk
+        (this is most of what reading costs): each digest is recomputed
+        from the one before, exactly as :func:`journal._chain.link` does on
+        append.
+        """
+        blake2b, pack, size = hashlib.blake2b, _chain.pack_envelope, _chain.DIGEST_SIZE
+        for good, (seq, kind, step, rank, ts, payload, digest) in enumerate(chunk):
+            if type(payload) is not bytes or type(digest) is not bytes or type(kind) is not str:
+                why = "row does not have the journal's column types"
+                return previous, good, RecordError(why, path=self.path, seq=seq)
+            h = blake2b(previous, digest_size=size)
+            h.update(pack((seq, kind, step, rank, ts)))
+            h.update(payload)
+            if h.digest() != digest:
+                why = (
+                    "digest does not match the hash chain: the record or one before it was changed"
                 )
-        try:
-            fields = msgpack.unpackb(payload, raw=False)
-        except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
-                msgpack.StackError) as exc:  # fmt: skip
-            raise RecordError(f"payload is not msgpack: {exc}", path=self.path, seq=seq) from exc
-        if not isinstance(fields, dict):
-            raise RecordError("payload is not a map", path=self.path, seq=seq)
-        found = _values.problem(fields)
-        if found:
-            raise RecordError(f"unusable value in the payload: {found}", path=self.path, seq=seq)
-        return Record(seq, kind, fields, step, rank, ts), digest
+                return previous, good, TamperedError(why, path=self.path, seq=seq)
+            previous = digest
+        return previous, len(chunk), None
+
+    def _decode_chunk(self, chunk: list[tuple[Any, ...]]) -> Iterator[Row]:
+        unpack = msgpack.unpackb
+        usable = _values.payload_problem
+        for seq, kind, step, rank, ts, payload, _digest in chunk:
+            if type(payload) is not bytes or type(kind) is not str:
+                raise RecordError(
+                    "row does not have the journal's column types", path=self.path, seq=seq
+                )
+            try:
+                fields = unpack(payload, raw=False)
+            except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+                    msgpack.StackError) as exc:  # fmt: skip
+                raise RecordError(
+                    f"payload is not msgpack: {exc}", path=self.path, seq=seq
+                ) from exc
+            if type(fields) is not dict:
+                raise RecordError("payload is not a map", path=self.path, seq=seq)
+            found = usable(fields)
+            if found:
+                raise RecordError(
+                    f"unusable value in the payload: {found}", path=self.path, seq=seq
+                )
+            yield seq, kind, step, rank, ts, fields
+
+    def _decode(self, row: tuple[Any, ...], previous: bytes, verify: bool) -> tuple[Record, bytes]:
+        """One row (the follow path, which reads a few at a time)."""
+        digest = row[6]
+        if verify:
+            digest, _good, broken = self._verify([row], previous)
+            if broken is not None:
+                raise broken
+        for seq, kind, step, rank, ts, fields in self._decode_chunk([row]):
+            return Record(seq, kind, fields, step, rank, ts), digest
+        raise RecordError("row vanished while decoding", path=self.path, seq=row[0])
 
     # -- lifecycle ---------------------------------------------------------------
 

@@ -9,6 +9,7 @@ validated events and back. Every failure is one error type,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from journal import Record, RecordError
@@ -93,34 +94,85 @@ def from_record(record: Record, *, path: str | None = None, line: int | None = N
     field, or a missing ``step`` / ``rank``; the error names ``path`` and
     ``line`` when given, else the record's ``seq``.
     """
+    return from_row(
+        record.seq, record.kind, record.step, record.rank, record.ts, record.payload, path, line
+    )
 
+
+#: kind -> (event class, payload field names, required field names, worker side)
+_SHAPES: dict[str, tuple[type[Event], frozenset[str], frozenset[str], bool]] = {
+    kind: (cls, frozenset(cls.payload_fields), frozenset(cls.required_fields),
+           cls.side == SIDE_WORKER)
+    for kind, cls in EVENT_TYPES.items()
+}  # fmt: skip
+
+
+def from_row(
+    seq: int,
+    kind: str,
+    step: int | None,
+    rank: int | None,
+    ts: int | None,
+    payload: Mapping[str, Any],
+    path: str | None = None,
+    line: int | None = None,
+) -> Entry:
+    """:func:`from_record` for the parts of a record (what replay reads per row).
+
+    A payload that holds exactly the kind's fields (all required ones, no
+    extras, ``rank`` only on worker kinds) goes straight to the event class,
+    whose validators check every value; anything else takes the general
+    path below, which keeps extras and names what is missing.
+    """
+    shape = _SHAPES.get(kind)
+    if shape is not None and step is not None and step >= 0:
+        cls, known, required, worker = shape
+        keys = payload.keys()
+        if keys <= known and required <= keys and (rank is not None) is worker:
+            try:
+                event = cls(**payload, rank=rank) if worker else cls(**payload)
+            except (TypeError, ValueError) as exc:
+                raise RecordError(f"{kind}: {exc}", path=path, line=line, seq=seq) from exc
+            return Entry(seq, step, ts, event)
+    return _from_parts(seq, kind, step, rank, ts, payload, path, line)
+
+
+def _from_parts(
+    seq: int,
+    kind: str,
+    step: int | None,
+    rank: int | None,
+    ts: int | None,
+    payload: Mapping[str, Any],
+    path: str | None,
+    line: int | None,
+) -> Entry:
     def bad(message: str) -> RecordError:
-        return RecordError(message, path=path, line=line, seq=record.seq)
+        return RecordError(message, path=path, line=line, seq=seq)
 
-    cls = EVENT_TYPES.get(record.kind)
+    cls = EVENT_TYPES.get(kind)
     if cls is None:
-        raise bad(f"unknown kind {record.kind!r}")
-    if record.step is None:
-        raise bad(f"{record.kind} record has no 'step'")
-    if record.step < 0:
-        raise bad(f"'step' must be non-negative, not {record.step}")
-    payload = record.payload
+        raise bad(f"unknown kind {kind!r}")
+    if step is None:
+        raise bad(f"{kind} record has no 'step'")
+    if step < 0:
+        raise bad(f"'step' must be non-negative, not {step}")
     missing = [name for name in cls.required_fields if name not in payload]
     if missing:
-        raise bad(f"{record.kind} record lacks {', '.join(map(repr, missing))}")
+        raise bad(f"{kind} record lacks {', '.join(map(repr, missing))}")
     known = cls.payload_fields
     kwargs = {name: payload[name] for name in known if name in payload}
     extra = {name: value for name, value in payload.items() if name not in known}
     if cls.side == SIDE_WORKER:
-        if record.rank is None:
-            raise bad(f"{record.kind} is a worker record and needs 'rank'")
-        kwargs["rank"] = record.rank
+        if rank is None:
+            raise bad(f"{kind} is a worker record and needs 'rank'")
+        kwargs["rank"] = rank
         extra.pop("rank", None)
-    elif record.rank is not None:
+    elif rank is not None:
         # Only worker events carry a rank; keep it so a round trip loses nothing.
-        extra["rank"] = record.rank
+        extra["rank"] = rank
     try:
         event = cls(**kwargs, extra=extra) if extra else cls(**kwargs)
     except (TypeError, ValueError) as exc:
-        raise bad(f"{record.kind}: {exc}") from exc
-    return Entry(record.seq, record.step, record.ts, event)
+        raise bad(f"{kind}: {exc}") from exc
+    return Entry(seq, step, ts, event)

@@ -13,17 +13,18 @@ import heapq
 import os
 from array import array
 from collections.abc import Iterator, Sequence
-
-import attrs
+from typing import NamedTuple
 
 from journal import Journal, RecordError, is_journal_file, read_jsonl_lines
 from kvstate import events as ev
-from kvstate.codec import Entry, from_record
+from kvstate.codec import Entry, from_record, from_row
 
 
-@attrs.frozen(slots=True)
-class Located:
-    """An entry and where it was read: file, own seq, and line for JSON Lines."""
+class Located(NamedTuple):
+    """An entry and where it was read: file, own seq, and line for JSON Lines.
+
+    A named tuple rather than an attrs class: one is made per record read.
+    """
 
     entry: Entry
     path: str
@@ -40,8 +41,9 @@ def read_path(path: str | os.PathLike[str]) -> Iterator[Located]:
         raise RecordError("is a directory, not a journal", path=name)
     if is_journal_file(name):
         with Journal(name, readonly=True) as journal:
-            for record in journal.records():
-                yield Located(from_record(record, path=name), name, record.seq, None)
+            for seq, kind, step, rank, ts, fields in journal.rows():
+                entry = from_row(seq, kind, step, rank, ts, fields, name)
+                yield Located(entry, name, seq, None)
     else:
         for line, record in read_jsonl_lines(name):
             yield Located(from_record(record, path=name, line=line), name, record.seq, line)
