@@ -100,7 +100,7 @@ def from_record(record: Record, *, path: str | None = None, line: int | None = N
 
 
 #: kind -> (event class, payload field names, required field names, worker side)
-_SHAPES: dict[str, tuple[type[Event], frozenset[str], frozenset[str], bool]] = {
+_SHAPES: dict[str, tuple[Any, frozenset[str], frozenset[str], bool]] = {
     kind: (cls, frozenset(cls.payload_fields), frozenset(cls.required_fields),
            cls.side == SIDE_WORKER)
     for kind, cls in EVENT_TYPES.items()
