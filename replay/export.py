@@ -16,15 +16,18 @@ first); records without ``ts`` are placed at ``seq`` microseconds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import io
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
+from journal import RecordError
 from kvstate import events as ev
 from kvstate.codec import Entry
+from kvstate.ledger import Ledger
 
-from .engine import replay
 from .explain import describe
-from .sources import entries
+from .sources import open_stream
 
 SCHEDULER_PID = 1
 SENDING_TID = 1
@@ -37,8 +40,11 @@ def _pid(event: ev.Event) -> int:
 
 
 class _Trace:
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
+    """Turns records into trace events, handing each to ``sink`` as it is made."""
+
+    def __init__(self, sink: Callable[[dict[str, Any]], None]) -> None:
+        self.sink = sink
+        self.count = 0
         self.origin: int | None = None
         self.last_us = 0.0
         self.open_jobs: dict[tuple[int, int], float] = {}
@@ -46,6 +52,7 @@ class _Trace:
         self.put_from: dict[tuple[int, int], float] = {}
         self.pins_open: set[int] = set()
         self.ranks: set[int] = set()
+        self.pid_of_last = SCHEDULER_PID
 
     def time(self, entry: Entry) -> float:
         if entry.ts is None:
@@ -58,7 +65,8 @@ class _Trace:
         return us
 
     def add(self, **fields: Any) -> None:
-        self.events.append(fields)
+        self.count += 1
+        self.sink(fields)
 
     def instant(self, pid: int, us: float, name: str, cat: str, args: dict[str, Any]) -> None:
         self.add(ph="i", s="t", pid=pid, tid=SENDING_TID, ts=us, name=name, cat=cat, args=args)
@@ -78,7 +86,7 @@ class _Trace:
     def feed(self, entry: Entry, violations: Sequence[Any]) -> None:
         e: Any = entry.event
         us = self.time(entry)
-        pid = _pid(e)
+        pid = self.pid_of_last = _pid(e)
         kind = e.kind
         args = {"seq": entry.seq, "step": entry.step, "what": describe(e)}
         if e.side == ev.SIDE_WORKER:
@@ -117,7 +125,7 @@ class _Trace:
             self.instant(
                 pid,
                 us,
-                f"VIOLATION {v.code.value}",
+                f"{'WARNING' if v.is_warning else 'VIOLATION'} {v.code.value}",
                 "violation",
                 {"seq": v.seq, "message": v.message, "chain": list(v.chain)},
             )
@@ -146,18 +154,55 @@ class _Trace:
         return meta
 
 
-def perfetto(paths: Sequence[str]) -> dict[str, Any]:
-    """The trace of one journal (or several merged) as a JSON-ready dict."""
-    result = replay(list(paths))
-    by_seq: dict[int, list[Any]] = {}
-    for v in (*result.violations, *result.warnings):
-        by_seq.setdefault(v.seq, []).append(v)
-    trace = _Trace()
-    for entry in entries(paths):
-        trace.feed(entry, by_seq.get(entry.seq, ()))
+def write_perfetto(paths: Sequence[str], out: TextIO) -> tuple[int, str]:
+    """Write the trace of one journal (or several merged) to ``out`` as it is read.
+
+    One pass: each record is folded (for its violations) and turned into
+    trace events, which are written at once, so memory stays that of the
+    fold, whatever the journal's length. Returns the number of trace events
+    and the verdict.
+    """
+    stream, _origin = open_stream(list(paths))
+    out.write('{"displayTimeUnit": "ns", "traceEvents": [\n')
+    first = True
+
+    def write(event: dict[str, Any]) -> None:
+        nonlocal first
+        if not first:
+            out.write(",\n")
+        first = False
+        out.write(json.dumps(event, ensure_ascii=False, allow_nan=False))
+
+    trace = _Trace(write)
+    ledger = Ledger()
+    violations = 0
+    for item in stream:
+        entry = item.entry
+        try:
+            found = ledger.apply(entry.seq, entry.step, entry.event)
+        except RecordError as exc:
+            raise exc.located(path=item.path, line=item.line, seq=item.seq) from None
+        violations += sum(1 for v in found if not v.is_warning)
+        trace.feed(entry, found)
+    end = ledger.end()
+    if end and ledger.last_seq is not None:
+        # The journal stops before the engine did: mark where (spec section 8).
+        for v in end:
+            trace.instant(trace.pid_of_last, trace.last_us, f"WARNING {v.code.value}",
+                          "violation", {"seq": v.seq, "message": v.message})  # fmt: skip
     trace.close()
-    return {
-        "traceEvents": trace.metadata() + trace.events,
-        "displayTimeUnit": "ns",
-        "otherData": {"source": ", ".join(paths), "verdict": result.verdict},
-    }
+    meta = trace.metadata()
+    for event in meta:
+        write(event)
+    verdict = "violations" if violations else "clean"
+    other = {"source": ", ".join(paths), "verdict": verdict}
+    out.write(f'\n], "otherData": {json.dumps(other, ensure_ascii=False)}}}\n')
+    return trace.count + len(meta), verdict
+
+
+def perfetto(paths: Sequence[str]) -> dict[str, Any]:
+    """The trace of one journal (or several merged) as a JSON-ready dict (small journals)."""
+    buffer = io.StringIO()
+    write_perfetto(paths, buffer)
+    trace: dict[str, Any] = json.loads(buffer.getvalue())
+    return trace

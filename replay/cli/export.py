@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from journal import JournalError, atomic_output, write_jsonl
 from kvstate.codec import to_record
@@ -36,10 +35,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with atomic_output(args.out, force=args.force) as tmp:
             if args.format == "perfetto":
-                trace = export.perfetto(args.paths)
                 with open(tmp, "w", encoding="utf-8") as f:
-                    json.dump(trace, f, ensure_ascii=False, allow_nan=False)
-                n = len(trace["traceEvents"])
+                    n, _verdict = export.write_perfetto(args.paths, f)
             else:
                 n = write_jsonl((to_record(e) for e in entries(args.paths)), tmp)
     except (JournalError, OSError) as exc:
