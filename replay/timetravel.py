@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import bisect
 import threading
+from array import array
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import overload
 
 from journal import Journal, RecordError, is_journal_file, parse_line
 from journal.database import BEFORE_FIRST
 from kvstate.codec import Entry, from_record
 from kvstate.ledger import Ledger
-from kvstate.violations import Violation
+from kvstate.violations import CODE_ORDER, Code, Violation
+
+#: records between two checks of a fold's ``cancel``
+_CANCEL_EVERY = 256
 
 
 class _DatabaseRecords:
@@ -146,8 +151,14 @@ class TimeTravel:
         self.records = _records(paths)
         self.last_seq = self.records.last_seq()
         self.kinds: Counter[str] = Counter()
+        #: every violation found so far, in seq order (the fold goes forward)
         self.violations: list[Violation] = []
         self.warnings: list[Violation] = []
+        # The seqs of ``violations`` (for bisect) and per code its count and
+        # first seq, kept as the index grows: a view asks for the few
+        # violations it shows, never rescans them all.
+        self._violation_seqs = array("q")
+        self._codes: dict[Code, list[int]] = {}
         self.indexed_seq = BEFORE_FIRST
         self.error: Exception | None = None
         # Snapshots cost time and memory in proportion to the ledger: take about
@@ -157,6 +168,8 @@ class TimeTravel:
         self._snapshots: list[tuple[int, Ledger]] = [(BEFORE_FIRST, Ledger())]
         self._index_ledger = Ledger()
         self._cursor: tuple[int, Ledger] | None = None
+        #: one fold at a time: ``_cursor`` is folded forward in place
+        self._fold_lock = threading.Lock()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -173,7 +186,10 @@ class TimeTravel:
                 with self._lock:
                     self.kinds[entry.event.kind] += 1
                     for v in found:
-                        (self.warnings if v.is_warning else self.violations).append(v)
+                        if v.is_warning:
+                            self.warnings.append(v)
+                        else:
+                            self._add_violation(v)
                     self.indexed_seq = entry.seq
                 if self._index_ledger.records % self._every == 0:
                     snapshot = self._index_ledger.snapshot()  # outside the lock: it takes a while
@@ -187,6 +203,23 @@ class TimeTravel:
         except OSError as exc:
             self.error = exc
         return done
+
+    def _add_violation(self, v: Violation) -> None:
+        seqs = self._violation_seqs
+        if seqs and v.seq < seqs[-1]:
+            # Findings come at the record that causes them, so in seq order;
+            # kept sorted regardless, since every lookup bisects.
+            at = bisect.bisect_right(seqs, v.seq)
+            self.violations.insert(at, v)
+            seqs.insert(at, v.seq)
+        else:
+            self.violations.append(v)
+            seqs.append(v.seq)
+        counted = self._codes.get(v.code)
+        if counted is None:
+            self._codes[v.code] = [1, v.seq]
+        else:
+            counted[0] += 1
 
     def _keep_snapshot(self, seq: int, ledger: Ledger) -> None:
         self._snapshots.append((seq, ledger))
@@ -234,45 +267,90 @@ class TimeTravel:
         """Indexed to the end, and the journal ends before engine_idle (spec section 8)."""
         return self.indexed and bool(self._index_ledger.end())
 
-    def stop(self) -> None:
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop the background pass; with ``wait``, join it and close the journal."""
         self._stop.set()
+        if not wait:
+            return
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.records.close()
 
     # -- time travel -------------------------------------------------------------------
 
-    def ledger_at(self, seq: int) -> Ledger:
-        """The ledger as it stood after record ``seq`` (replay --at SEQ)."""
-        seq = max(BEFORE_FIRST, min(seq, self.last_seq))
-        cursor = self._cursor
-        if cursor is not None and cursor[0] <= seq:
-            base_seq, ledger = cursor  # forward from where we are: no copy
-        else:
-            with self._lock:
-                i = bisect.bisect_right([s for s, _ in self._snapshots], seq) - 1
-                base_seq, stored = self._snapshots[i]
-            ledger = stored.snapshot()  # the stored one stays as it was
-        for entry in self.records.between(base_seq, seq):
-            ledger.apply(entry.seq, entry.step, entry.event)
-        self._cursor = (seq, ledger)
-        return ledger
+    @overload
+    def ledger_at(self, seq: int) -> Ledger: ...
+    @overload
+    def ledger_at(self, seq: int, cancel: Callable[[], bool]) -> Ledger | None: ...
+
+    def ledger_at(self, seq: int, cancel: Callable[[], bool] | None = None) -> Ledger | None:
+        """The ledger as it stood after record ``seq`` (replay --at SEQ).
+
+        With ``cancel``, the fold stops early and returns None once it
+        returns true (checked every few hundred records); what was folded so
+        far is kept as the starting point of the next call.
+        """
+        with self._fold_lock:
+            seq = max(BEFORE_FIRST, min(seq, self.last_seq))
+            cursor = self._cursor
+            if cursor is not None and cursor[0] <= seq:
+                base_seq, ledger = cursor  # forward from where we are: no copy
+            else:
+                with self._lock:
+                    i = bisect.bisect_right([s for s, _ in self._snapshots], seq) - 1
+                    base_seq, stored = self._snapshots[i]
+                ledger = stored.snapshot()  # the stored one stays as it was
+            reached = base_seq
+            for n, entry in enumerate(self.records.between(base_seq, seq)):
+                if cancel is not None and n % _CANCEL_EVERY == 0 and cancel():
+                    self._cursor = (reached, ledger)
+                    return None
+                ledger.apply(entry.seq, entry.step, entry.event)
+                reached = entry.seq
+            self._cursor = (seq, ledger)
+            return ledger
 
     def entries(self, after: int, upto: int) -> list[Entry]:
         return list(self.records.between(after, upto))
 
-    def violations_upto(self, seq: int) -> list[Violation]:
+    def violations_between(self, after: int, upto: int) -> list[Violation]:
+        """The violations of records with ``after < seq <= upto``, in order."""
         with self._lock:
-            return [v for v in self.violations if v.seq <= seq]
+            lo = bisect.bisect_right(self._violation_seqs, after)
+            hi = bisect.bisect_right(self._violation_seqs, upto)
+            return self.violations[lo:hi]
+
+    def violations_upto(self, seq: int) -> list[Violation]:
+        return self.violations_between(BEFORE_FIRST, seq)
+
+    def violation_index(self, seq: int) -> int:
+        """How many violations records up to ``seq`` caused (an index into ``violations``)."""
+        with self._lock:
+            return bisect.bisect_right(self._violation_seqs, seq)
+
+    def violations_around(self, seq: int, before: int, after: int) -> tuple[int, list[Violation]]:
+        """At most ``before`` violations at or before ``seq`` and ``after`` past it,
+        with the index of the first one returned (a page of the Violations view)."""
+        with self._lock:
+            here = bisect.bisect_right(self._violation_seqs, seq)
+            start = max(0, here - before)
+            return start, self.violations[start : here + after]
+
+    def codes(self) -> list[tuple[Code, int, int]]:
+        """``(code, count, first seq)`` of the violations found so far, in report order."""
+        with self._lock:
+            counted = [(code, n, first) for code, (n, first) in self._codes.items()]
+        return sorted(counted, key=lambda c: CODE_ORDER[c[0]])
 
     def next_violation(self, seq: int) -> Violation | None:
         with self._lock:
-            return next((v for v in self.violations if v.seq > seq), None)
+            i = bisect.bisect_right(self._violation_seqs, seq)
+            return self.violations[i] if i < len(self.violations) else None
 
     def previous_violation(self, seq: int) -> Violation | None:
         with self._lock:
-            earlier = [v for v in self.violations if v.seq < seq]
-        return earlier[-1] if earlier else None
+            i = bisect.bisect_left(self._violation_seqs, seq)
+            return self.violations[i - 1] if i > 0 else None
 
     def step_start(self, seq: int, direction: int) -> int:
         """The first record of the next step (``+1``) or of the previous one (``-1``)."""

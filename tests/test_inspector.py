@@ -396,3 +396,45 @@ def test_several_journals_open_merged_like_replay(tmp_path: Path, capsys) -> Non
     assert travel.ledger_at(merged.events) == merged.ledger
     assert main(["inspect", "--once", str(a), str(b)]) == merged.exit_status
     assert "violation(s)" in capsys.readouterr().out
+
+
+def test_the_fold_thread_shows_what_the_ui_thread_would(tmp_path: Path) -> None:
+    """In the background (the real UI), ledger views arrive from the fold thread;
+    once settled they are the rows a fold on the UI thread gives, seq for seq."""
+    db = tmp_path / "run.db"
+    assert main(["run", "--requests", "24", "--journal", str(db)]) == 0
+    seen: dict[bool, list[list[list[str]]]] = {}
+    for background in (False, True):
+        app = Inspector(str(db), background=background)
+        got: list[list[list[str]]] = []
+
+        async def script(pilot, app: Inspector = app, got: list = got) -> None:  # type: ignore[no-untyped-def]
+            while not app.tt.indexed:
+                await asyncio.sleep(0.02)
+            for keys in (("g", *"900", "enter", "3"), ("left",) * 5, ("g", *"40", "enter", "2")):
+                await pilot.press(*keys)
+                await pilot.pause()
+                await app.settled()
+                await pilot.pause()
+                tab = "jobs-table" if app._active() == "jobs" else "requests-table"
+                got.append(rows(app, tab))
+
+        drive(app, script)
+        seen[background] = got
+    assert seen[True] == seen[False]
+    assert all(seen[True]) and seen[True][0] != seen[True][1]
+
+
+def test_q_quits_and_stops_both_threads(tmp_path: Path) -> None:
+    db = tmp_path / "run.db"
+    assert main(["run", "--requests", "60", "--journal", str(db)]) == 0
+    app = Inspector(str(db))
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("3", "n", "left")  # keys work while the index is still building
+        await pilot.press("q")
+
+    drive(app, script)
+    assert not app.is_running
+    assert app.folder is not None and not app.folder._thread.is_alive()
+    assert app.tt._thread is not None and not app.tt._thread.is_alive()

@@ -8,8 +8,10 @@ from it is shown literally (``rich.text.Text``, never markup).
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import sys
+import time
 from typing import Any
 
 from rich import box
@@ -26,129 +28,22 @@ from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedCont
 from journal import RecordError
 from journal.database import BEFORE_FIRST
 from kvstate.codec import Entry
-from kvstate.ledger import Ledger
-from kvstate.violations import CODE_ORDER, Violation
+from kvstate.violations import Violation
 from replay.explain import describe, explain, lane
-from replay.report import job_cells, lanes_table
-from replay.safe import literal, printable
+from replay.report import lanes_table
+from replay.safe import printable
 from replay.timeline import selector
 from replay.timetravel import TimeTravel
 
+from ._folder import Folder, View, Wish
+from ._views import LEDGER_VIEWS, Filter, TableView, Target, TextView, _t, overview
+
 TABS = ("overview", "requests", "jobs", "blocks", "violations", "events")
-LEDGER_VIEWS = ("requests", "jobs", "blocks")
 EVENTS_AROUND = 60
-#: rows of the Requests and Jobs views: everything in flight, then the most recent
-RECENT_ROWS = 400
-
-
-def _t(value: object, style: str = "") -> Text:
-    return literal(value, style)
-
-
-class Filter:
-    """``/`` filter: ``req R``, ``job J``, ``rank N``, ``kind K``, or a bare word."""
-
-    def __init__(self, text: str = "") -> None:
-        parts = text.split(maxsplit=1)
-        self.field: str | None
-        self.value: str
-        if len(parts) == 2 and parts[0] in ("req", "job", "rank", "kind"):
-            self.field, self.value = parts[0], parts[1].strip()
-        else:
-            self.field, self.value = ("any", text.strip()) if text.strip() else (None, "")
-
-    def __bool__(self) -> bool:
-        return self.field is not None
-
-    def __str__(self) -> str:
-        return "" if not self else f"{self.field} {self.value}"
-
-    def matches(self, **fields: Any) -> bool:
-        if not self:
-            return True
-        wanted = [self.field] if self.field != "any" else list(fields)
-        return any(str(fields.get(name)) == self.value for name in wanted if name in fields)
-
-    def record_matcher(self) -> Any:
-        """A predicate over events in journal order. ``req R`` also takes the
-        records of R's jobs (worker records name the job, not the request),
-        ``job J`` the records of J and of its incarnation, as a timeline does."""
-        if self.field == "req":
-            return selector(self.value, None)
-        if self.field == "job" and self.value.isdigit():
-            return selector(None, int(self.value))
-
-        def wanted(e: Any) -> bool:
-            return self.matches(
-                req=getattr(e, "req", None),
-                job=getattr(e, "job", None),
-                rank=getattr(e, "rank", None),
-                kind=e.kind,
-            )
-
-        return wanted
-
-
-def overview(tt: TimeTravel) -> RenderableType:
-    """Journal, records, verdict, counts by kind, violations by code."""
-    head = Text()
-    head.append("journal ", style="bold")
-    head.append(printable(tt.path))
-    head.append(f"\nrecords {tt.last_seq}")
-    if not tt.indexed:
-        head.append(f" · indexing: {tt.indexed_seq} of {tt.last_seq}", style="yellow")
-    verdict = Text("\nverdict ", style="bold")
-    if tt.error is not None:
-        verdict.append(f"unusable input: {printable(tt.error)}", style="bold red")
-    elif not tt.indexed:
-        verdict.append("(still reading)", style="yellow")
-    elif tt.violations:
-        verdict.append(f"{len(tt.violations)} violation(s)", style="bold red")
-    else:
-        verdict.append("clean", style="bold green")
-    if tt.indexed and tt.error is None and tt.unfinished:
-        verdict.append(
-            " · UNFINISHED: the journal ends before engine_idle; end-of-run checks did not run",
-            style="bold yellow",
-        )
-    kinds = Table(title="records by kind", box=box.SIMPLE_HEAD, title_justify="left")
-    kinds.add_column("kind")
-    kinds.add_column("count", justify="right")
-    for kind, n in sorted(tt.kinds.items(), key=lambda kv: -kv[1]):
-        kinds.add_row(_t(kind), _t(n))
-    codes = Table(title="violations by code", box=box.SIMPLE_HEAD, title_justify="left")
-    codes.add_column("code")
-    codes.add_column("count", justify="right")
-    codes.add_column("first seq", justify="right")
-    by_code: dict[Any, list[Violation]] = {}
-    for v in tt.violations:
-        by_code.setdefault(v.code, []).append(v)
-    for code in sorted(by_code, key=lambda c: CODE_ORDER[c]):
-        codes.add_row(_t(code.value, "red"), _t(len(by_code[code])), _t(by_code[code][0].seq))
-    return RichGroup(head, verdict, Text(""), kinds, codes)
-
-
-def _lanes(job: Any, ranks: list[int]) -> list[Text]:
-    """One short text per rank: how far the job got there."""
-    cells = []
-    for rank in ranks:
-        rj = job.ranks.get(rank)
-        if rj is None:
-            cells.append(_t("-", "dim"))
-            continue
-        steps = ["rcv"]
-        if rj.skip_reason:
-            steps.append(f"skip:{rj.skip_reason}")
-        elif rj.started_seq is not None:
-            steps.append("start")
-        if rj.dma_seq is not None:
-            steps.append("dma")
-        if rj.put_ok is not None:
-            steps.append("put" if rj.put_ok else "put!")
-        if rj.reported_seq is not None:
-            steps.append("reported")
-        cells.append(_t(">".join(steps), "green" if rj.reported_seq is not None else "yellow"))
-    return cells
+#: how often finished ledger views are picked up from the fold thread (seconds)
+PICK_UP_EVERY = 0.02
+#: the Violations view shows this many, the latest up to the cursor
+VIOLATIONS_SHOWN = 400
 
 
 class TextScreen(ModalScreen[None]):
@@ -252,13 +147,17 @@ class Inspector(App[None]):
         self.background = background
         self.cursor = min(1, self.tt.last_seq)
         self.filter = Filter()
-        self.ledger: Ledger = self.tt.ledger_at(self.cursor)
-        self._ledger_seq = self.cursor
-        self._settle_timer: Any = None
+        #: the ledger views are folded and built on their own thread (None: here)
+        self.folder: Folder | None = None
+        #: what each ledger view on screen shows: (seq, tab, filter)
+        self._shown: dict[str, Wish] = {}
         self._seen_last = self.tt.last_seq
         self._targets: dict[str, tuple[str, str | int]] = {}
         #: the whole journal's records that match the filter: (filter, last seq, entries)
         self._matched: tuple[str, int, list[Entry]] | None = None
+        #: the violations that match the filter: ((filter, count), violations)
+        self._matched_violations: tuple[tuple[str, int], list[Violation], list[int]] | None = None
+        self._shown_violations: list[Violation] = []
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Keys pressed in a modal (help, a timeline, go to, filter) stay there."""
@@ -293,6 +192,8 @@ class Inspector(App[None]):
         sys.setswitchinterval(0.0005)
         if self.background:
             self.tt.start(follow=self.follow)
+            self.folder = Folder(self.tt)
+            self._pick_up_timer = self.set_interval(PICK_UP_EVERY, self._pick_up)
         else:
             self.tt.index()
         # At most four refreshes a second, whatever the writer does.
@@ -301,9 +202,26 @@ class Inspector(App[None]):
 
     def on_unmount(self) -> None:
         self._ticker.stop()
-        if self._settle_timer is not None:
-            self._settle_timer.stop()
+        if self.folder is not None:
+            self._pick_up_timer.stop()
+            self.folder.close()
         self.tt.stop()
+
+    async def action_quit(self) -> None:
+        """Quit at once: the threads are told to stop here and joined as the app unmounts."""
+        if self.folder is not None:
+            self.folder.close(wait=False)
+        self.tt.stop(wait=False)
+        self.exit()
+
+    async def settled(self, timeout: float = 60.0) -> None:
+        """Wait until the active view shows the cursor (tests and benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            tab = self._active()
+            if tab not in LEDGER_VIEWS or self._shown.get(tab) == self._wish(tab):
+                return
+            await asyncio.sleep(PICK_UP_EVERY / 2)
 
     def _tick(self) -> None:
         if not self.query("#status"):
@@ -321,29 +239,48 @@ class Inspector(App[None]):
     # -- actions ----------------------------------------------------------------------
 
     def go(self, seq: int) -> None:
-        """Move the cursor. Views that need the folded ledger catch up once the
-        keys stop coming; the status line and the event list follow at once."""
+        """Move the cursor. The status line and the views that read records
+        follow at once; the ledger views catch up from the fold thread."""
         seq = max(min(1, self.tt.last_seq), min(seq, self.tt.last_seq))
         if seq == self.cursor:
             return
         self.cursor = seq
-        self._render_status()
-        if self._active() in LEDGER_VIEWS:
-            if self._settle_timer is not None:
-                self._settle_timer.stop()
-            self._settle_timer = self.set_timer(0.03, self.refresh_views)
-        else:
-            self.refresh_views()
+        self.refresh_views()
 
     def _active(self) -> str:
         return self.query_one(TabbedContent).active
 
-    def _folded(self) -> Ledger:
-        """The ledger at the cursor, folded on demand."""
-        if self._ledger_seq != self.cursor:
-            self.ledger = self.tt.ledger_at(self.cursor)
-            self._ledger_seq = self.cursor
-        return self.ledger
+    def _wish(self, tab: str) -> Wish:
+        return (self.cursor, tab, str(self.filter))
+
+    def _render_ledger_view(self, tab: str) -> None:
+        """Show ``tab`` as of the cursor: built here, or asked of the fold thread."""
+        if self._shown.get(tab) == self._wish(tab):
+            return
+        if self.folder is None:
+            ledger = self.tt.ledger_at(self.cursor)
+            self._show(self._wish(tab), LEDGER_VIEWS[tab](ledger, self.cursor, self.filter))
+        else:
+            self.folder.want(self.cursor, tab, self.filter)
+
+    def _pick_up(self) -> None:
+        """A view the fold thread finished goes on screen if it is still the one wanted."""
+        if self.folder is None or not self.query("#status"):
+            return
+        ready = self.folder.take()
+        if ready is not None and ready[0] == self._wish(ready[0][1]):
+            self._show(*ready)
+            self._render_status()
+
+    def _show(self, wish: Wish, view: View) -> None:
+        tab = wish[1]
+        if isinstance(view, TableView):
+            table = self._table(f"{tab}-table", *view.columns)
+            for cells, target in view.rows:
+                self._row(table, cells, target)
+        elif isinstance(view, TextView):
+            self.query_one(f"#{tab}-body", Static).update(view.body)
+        self._shown[tab] = wish
 
     def action_move(self, delta: int) -> None:
         self.go(self.cursor + delta)
@@ -421,8 +358,9 @@ class Inspector(App[None]):
         )
         entries = [e for e in self.tt.entries(BEFORE_FIRST, self.tt.last_seq) if wanted(e.event)]
         marks: dict[int, list[Violation]] = {}
-        for v in self.tt.violations:
-            marks.setdefault(v.seq, []).append(v)
+        if entries:
+            for v in self.tt.violations_between(entries[0].seq - 1, entries[-1].seq):
+                marks.setdefault(v.seq, []).append(v)
         shown = {e.seq: marks[e.seq] for e in entries if e.seq in marks}
         table = lanes_table(entries, shown, f"{len(entries)} records", plain=False)
         self.push_screen(TextScreen(table, f"timeline of {what} {value}"))
@@ -432,14 +370,13 @@ class Inspector(App[None]):
     def refresh_views(self) -> None:
         if not self.query("#status"):
             return  # a timer fired while the app shuts down
-        self._targets.clear()
         self._render_status()
         active = self.query_one(TabbedContent).active
+        if active in LEDGER_VIEWS:
+            self._render_ledger_view(active)
+            return
         render = {
             "overview": self._render_overview,
-            "requests": self._render_requests,
-            "jobs": self._render_jobs,
-            "blocks": self._render_blocks,
             "violations": self._render_violations,
             "events": self._render_events,
         }.get(active)
@@ -453,7 +390,7 @@ class Inspector(App[None]):
         if entry is not None:
             text.append(f" · step {entry.step} · {lane(entry.event)}: ")
             text.append(printable(describe(entry.event)))
-        here = [v for v in self.tt.violations_upto(self.cursor) if v.seq == self.cursor]
+        here = self.tt.violations_between(self.cursor - 1, self.cursor)
         if here:
             text.append("  <- " + ", ".join(v.code.value for v in here), style="bold red")
         text.append("\n")
@@ -462,7 +399,11 @@ class Inspector(App[None]):
         if self.follow:
             text.append("following  ", style="green")
         if not self.tt.indexed:
-            text.append(f"indexing {self.tt.indexed_seq}/{self.tt.last_seq}", style="yellow")
+            text.append(f"indexing {self.tt.indexed_seq}/{self.tt.last_seq}  ", style="yellow")
+        active = self._active()
+        shown = self._shown.get(active)
+        if active in LEDGER_VIEWS and shown is not None and shown != self._wish(active):
+            text.append(f"showing seq {shown[0]}, folding to {self.cursor}", style="yellow")
         self.query_one("#status", Static).update(text)
 
     def _render_overview(self) -> None:
@@ -478,86 +419,50 @@ class Inspector(App[None]):
             table.add_columns(*columns)
         return table
 
-    def _row(
-        self, table: DataTable, cells: list[Text], target: tuple[str, str | int] | None
-    ) -> None:
+    def _row(self, table: DataTable, cells: list[Text], target: Target | None) -> None:
         """Add a row; Enter on it opens the timeline of ``target`` (a req or a job)."""
         key = f"{table.id}:{table.row_count}"
         if target is not None and target[1] is not None:
             self._targets[key] = target
+        else:
+            self._targets.pop(key, None)
         table.add_row(*cells, key=key)
 
-    def _render_requests(self) -> None:
-        ledger = self._folded()
-        ranks = sorted(ledger.ranks)  # the ranks that wrote records, not the declared world
-        table = self._table(
-            "requests-table", "req", "gen", "state", "table", "held",
-            *(f"rank {r}: live jobs / saved" for r in ranks),
-        )  # fmt: skip
-        requests = [(req, r) for req, r in ledger.requests.items() if self.filter.matches(req=req)]
-        # In flight first, then the most recently started: a million-record
-        # journal has tens of thousands of finished requests.
-        requests.sort(key=lambda item: (item[1].current.state == "running", item[1].newest_seq))
-        for req, request in requests[-RECENT_ROWS:]:
-            for gen, inc in sorted(request.incarnations.items()):
-                cells = [_t(req), _t(gen), _t(inc.state), _t(inc.table), _t(inc.held or "")]
-                for r in ranks:
-                    st = ledger.ranks[r].requests.get(req) if r in ledger.ranks else None
-                    cells.append(
-                        _t(f"{sorted(st.live_jobs)} / {st.saved_offset}")
-                        if st is not None and st.gen == gen
-                        else _t("")
-                    )
-                self._row(table, cells, ("req", req))
+    def _violation_page(self) -> tuple[list[Violation], int | None]:
+        """The violations shown, the latest page up to the cursor, and the row
+        of the first violation of the latest record (None if there is none).
 
-    def _render_jobs(self) -> None:
-        ledger = self._folded()
-        # One lane per rank that wrote records (a header may declare many more).
-        ranks = sorted(ledger.ranks) or [0]
-        table = self._table(
-            "jobs-table", "job", "req/gen", "tokens", "pins", "completions", "released",
-            *(f"rank {r}" for r in ranks),
-        )  # fmt: skip
-        jobs = [(j, job) for j, job in ledger.jobs.items() if self._job_matches(j, job)]
-        # Pinned (in flight) jobs first, then the most recent ones.
-        jobs.sort(key=lambda item: (item[0] in ledger.pinned, item[0]))
-        for job_id, job in sorted(jobs[-RECENT_ROWS:]):
-            cells = [*job_cells(job), *_lanes(job, ranks)]
-            self._row(table, cells, ("job", job_id))
+        Like every view, this one shows the journal as of the cursor: the
+        violations of later records are not found yet.
+        """
+        if self.filter:
+            matched, seqs = self._filtered_violations()
+            here = bisect.bisect_right(seqs, self.cursor)
+            page = matched[max(0, here - VIOLATIONS_SHOWN) : here]
+        else:
+            _start, page = self.tt.violations_around(self.cursor, VIOLATIONS_SHOWN, 0)
+        upto = [i for i, v in enumerate(page) if v.seq <= self.cursor]
+        if not upto:
+            return page, None
+        latest = page[upto[-1]].seq
+        return page, next(i for i in upto if page[i].seq == latest)
 
-    def _job_matches(self, job_id: int, job: Any) -> bool:
-        if self.filter.field == "rank":
-            return self.filter.value.isdigit() and int(self.filter.value) in job.ranks
-        return self.filter.matches(job=job_id, req=job.req)
-
-    def _render_blocks(self) -> None:
-        ledger = self._folded()
-        blocks = ledger.blocks
-        pinned = {b for j in ledger.pinned for b in ledger.jobs[j].pins}
-        strip = Text()
-        for i, block in enumerate(range(max(blocks, default=-1) + 1)):
-            state = blocks.get(block)
-            refs = state.refs if state is not None else 0
-            char = "." if refs == 0 else str(min(refs, 9))
-            style = "bold yellow" if block in pinned else ("green" if refs else "dim")
-            if state is not None and state.epoch_seq == self.cursor:
-                style = "bold reverse red"  # handed to a new holder by this very record
-            strip.append(f"{block:>4}:{char}", style=style)
-            strip.append("\n" if (i + 1) % 16 == 0 else " ")
-        legend = Text(
-            "\nblock:refs  . free · digit: holders · yellow: pinned by a job · "
-            "reverse red: new epoch at this record",
-            style="dim",
-        )
-        self.query_one("#blocks-body", Static).update(RichGroup(strip, legend))
+    def _filtered_violations(self) -> tuple[list[Violation], list[int]]:
+        """Every violation the filter takes and their seqs (cached per filter and count)."""
+        key = (str(self.filter), len(self.tt.violations))
+        if self._matched_violations is None or self._matched_violations[0] != key:
+            found = [
+                v
+                for v in self.tt.violations_upto(self.tt.last_seq)
+                if self.filter.matches(job=v.job, req=v.req, rank=v.rank, kind=v.code.value)
+            ]
+            self._matched_violations = (key, found, [v.seq for v in found])
+        return self._matched_violations[1], self._matched_violations[2]
 
     def _render_violations(self) -> None:
         table = self._table("violations-table", "seq", "code", "entities", "message", "chain")
-        found = self.tt.violations_upto(self.cursor)
-        for v in found:
-            fields = {"job": v.job, "req": v.req, "rank": v.rank, "kind": v.code.value}
-            if not self.filter.matches(**fields):
-                continue
+        shown, row = self._violation_page()
+        for v in shown:
             entities = ", ".join(
                 f"{n} {getattr(v, n)}"
                 for n in ("job", "req", "gen", "rank", "block", "key")
@@ -569,14 +474,7 @@ class Inspector(App[None]):
                 _t(" > ".join(map(str, v.chain))),
             ]  # fmt: skip
             self._row(table, cells, target)
-        self._shown_violations = [
-            v for v in found
-            if self.filter.matches(job=v.job, req=v.req, rank=v.rank, kind=v.code.value)
-        ]  # fmt: skip
-        shown = self._shown_violations
-        upto = [i for i, v in enumerate(shown) if v.seq <= self.cursor]
-        # the first violation of the latest record at or before the cursor
-        row = next(i for i in upto if shown[i].seq == shown[upto[-1]].seq) if upto else None
+        self._shown_violations = shown
         if row is not None:
             # after the refresh: the columns take their widths from the new rows first
             self.call_after_refresh(table.move_cursor, row=row)
@@ -589,7 +487,7 @@ class Inspector(App[None]):
     def _tell(self, row: int | None) -> None:
         """The highlighted violation in words, with its chain as lanes."""
         story = self.query_one("#violation-story", Static)
-        shown = getattr(self, "_shown_violations", [])
+        shown = self._shown_violations
         if row is None or row >= len(shown):
             story.update(Text("no violation up to this seq", style="dim"))
             return
@@ -624,9 +522,10 @@ class Inspector(App[None]):
         else:
             start = max(BEFORE_FIRST, self.cursor - EVENTS_AROUND)
             entries = self.tt.entries(start, min(self.tt.last_seq, self.cursor + EVENTS_AROUND))
+        first = entries[0].seq if entries else self.cursor
         last = entries[-1].seq if entries else self.cursor
         marks: dict[int, list[str]] = {}
-        for v in self.tt.violations_upto(max(last, self.cursor)):
+        for v in self.tt.violations_between(first - 1, last):
             marks.setdefault(v.seq, []).append(v.code.value)
         row = 0
         for entry in entries:

@@ -1,0 +1,82 @@
+"""How long ``kvstate inspect`` takes to answer a key, on a journal of any size.
+
+The inspector runs headless (textual's test pilot) on the journal given.
+After the background index has read the whole journal, keys are pressed on
+every tab, and for each the time from the press until the screen has
+processed it (the pilot's pause: every message handled, the views
+refreshed) is taken. The ledger views (Requests, Jobs, Blocks) fold in the
+background; their time until the fold is on screen is reported apart.
+
+Run: ``python benchmarks/bench_inspector.py JOURNAL [--keys N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import statistics
+import time
+from typing import Any
+
+from replay.tui.inspector import TABS, Inspector
+
+#: the keys pressed on each tab: a record forward and back, a step, the next violation
+KEYS = ("right", "left", "pagedown", "pageup", "n", "p", "right", "left")
+
+
+async def _measure(path: str, rounds: int, index_timeout: float) -> dict[str, Any]:
+    app = Inspector(path)
+    out: dict[str, Any] = {"tabs": {}}
+    async with app.run_test(size=(130, 40)) as pilot:
+        t0 = time.perf_counter()
+        while not app.tt.indexed and time.perf_counter() - t0 < index_timeout:
+            await asyncio.sleep(0.2)
+        out["index_s"] = time.perf_counter() - t0
+        out["records"] = app.tt.last_seq
+        out["violations"] = len(app.tt.violations)
+        middle = max(1, app.tt.last_seq // 2)
+        app.go(middle)
+        await pilot.pause()
+        for i, tab in enumerate(TABS):
+            await pilot.press(str(i + 1))
+            await pilot.pause()
+            times = []
+            ready = []
+            for _ in range(rounds):
+                for key in KEYS:
+                    start = time.perf_counter()
+                    await pilot.press(key)
+                    await pilot.pause()
+                    times.append(time.perf_counter() - start)
+                    await app.settled()
+                    ready.append(time.perf_counter() - start)
+            out["tabs"][tab] = {
+                "keys": len(times),
+                "max_ms": max(times) * 1000,
+                "median_ms": statistics.median(times) * 1000,
+                "ready_max_ms": max(ready) * 1000,
+            }
+        start = time.perf_counter()
+        await pilot.press("q")
+        out["quit_ms"] = (time.perf_counter() - start) * 1000
+    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def measure(path: str, *, rounds: int = 1, index_timeout: float = 600) -> dict[str, Any]:
+    """Per-key latencies (ms) on every tab of ``path``, and the process's peak memory."""
+    return asyncio.run(_measure(path, rounds, index_timeout))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("journal")
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    print(json.dumps(measure(args.journal, rounds=args.rounds), indent=1))
+
+
+if __name__ == "__main__":
+    main()
