@@ -10,6 +10,7 @@ This package is the embeddable core: importing it loads no simulator, no
 torch and no terminal UI. Harness code lives in :mod:`kvstate.harness`.
 """
 
+from .archive import Archive
 from .codec import Entry, from_record, to_record
 from .errors import (
     DuplicateJobError,
@@ -58,6 +59,7 @@ from .violations import (
 from .worker import JobRun, JobSpec, WorkerLedger
 
 __all__ = [
+    "Archive",
     "BlockState",
     "CausalityError",
     "Code",

@@ -15,13 +15,15 @@ quiescence checks (leaked pins, missing reports, held blocks) run at
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from journal import RecordError
 
 from . import events as ev
+from ._parking import pack_job, pack_request, unpack_job, unpack_request
+from .archive import Archive
 from .codec import Entry
 from .rank import RankLedger
 from .state import (
@@ -35,6 +37,19 @@ from .state import (
 from .violations import Code, Violation, chain_of, finding
 
 Out = list[Violation]
+K = TypeVar("K")
+
+#: records between two sweeps that park settled jobs and requests
+SWEEP_EVERY = 4096
+#: a settled job or request is parked once no record has named it for this many
+PARK_AFTER = 8192
+#: kinds whose ``job`` names a job the fold must have at hand (the audit kinds
+#: only name the job a key's value came from; an enqueue creates its job)
+_JOB_RECORDS = frozenset(
+    cls
+    for cls in ev.EVENT_TYPES.values()
+    if "job" in cls.payload_fields and cls not in (ev.KeyVerified, ev.LoadVerified, ev.JobEnqueued)
+)
 
 
 class Ledger:
@@ -44,10 +59,37 @@ class Ledger:
     sees them all; a live scheduler in another process does not, so it
     cannot tell how many reports a rank made and checks completions against
     ``world_size`` only.
+
+    ``archive``: where settled jobs and requests are parked (see
+    :mod:`kvstate.archive`). Without one everything stays in the dicts
+    below; with one, ``jobs`` and ``requests`` hold what is live or was
+    named recently, and the rest comes back the moment a record names it,
+    so every check sees exactly the state it would have seen. The key log
+    is always kept by an archive (a private in-memory one by default).
     """
 
-    def __init__(self, *, observes_workers: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        observes_workers: bool = True,
+        archive: Archive | None = None,
+        park_after: int = PARK_AFTER,
+        sweep_every: int = SWEEP_EVERY,
+    ) -> None:
         self.observes_workers = observes_workers
+        self.archive = archive if archive is not None else Archive()
+        #: whether settled entities are parked (only when an archive was given)
+        self.parks = archive is not None
+        self.park_after = park_after
+        self.sweep_every = sweep_every
+        # Jobs and requests by the record count at which a record last named
+        # them, oldest first: a sweep parks from the front.
+        self._named_jobs: OrderedDict[int, int] = OrderedDict()
+        self._named_requests: OrderedDict[str, int] = OrderedDict()
+        #: requests with a job enqueued for an incarnation that does not exist:
+        #: their ranks' state is keyed by gens the request does not list, so
+        #: they are never parked
+        self._unparkable: set[str] = set()
         self.header: ev.JournalOpened | None = None
         self.requests: dict[str, RequestState] = {}
         self.blocks: dict[int, BlockState] = {}
@@ -65,11 +107,6 @@ class Ledger:
         self.keys_missing = 0
         #: jobs whose pins are still held, in enqueue order
         self.pinned: dict[int, None] = {}
-        #: key -> seqs of the enqueues that wrote it (for POISONED_KEY chains);
-        #: tuples, so a snapshot can share them
-        self.key_writers: dict[str, tuple[int, ...]] = {}
-        #: key -> the first job that wrote it (the job behind a wrong value)
-        self.key_first_job: dict[str, int] = {}
         self._reported_once: set[tuple[Code, Any]] = set()
         self._dispatch: dict[type, Callable[[int, Any, Out], None]] = {
             ev.JournalOpened: self._on_journal_opened,
@@ -115,6 +152,8 @@ class Ledger:
                 raise RecordError(problem, seq=seq)
         self.records += 1
         self.last_seq, self.last_kind = seq, event.kind
+        if self.parks:
+            self._unpark_named(event)
         if event.side == ev.SIDE_SCHEDULER:
             if step < self.step:
                 why = f"scheduler step went back from {self.step} to {step}"
@@ -125,6 +164,8 @@ class Ledger:
             self._on_worker(seq, event, out)
         else:
             self._dispatch[type(event)](seq, event, out)
+        if self.parks and self.records % self.sweep_every == 0:
+            self._park_settled()
         return out
 
     def fold(self, entries: Iterable[Entry]) -> list[Violation]:
@@ -323,11 +364,11 @@ class Ledger:
         )
         if event.pins:
             self.pinned[event.job] = None
+        if inc is None:
+            self._unparkable.add(event.req)
+        key_written = self.archive.key_written
         for key in event.keys:
-            self.key_writers[key] = (*self.key_writers.get(key, ()), seq)
-            # The first put of a key wins (Mooncake keeps the first value): its
-            # job is the one a wrong value under the key comes from.
-            self.key_first_job.setdefault(key, event.job)
+            key_written(key, seq, event.job)
 
     def _check_reads(self, seq: int, event: ev.JobEnqueued, inc: Incarnation, out: Out) -> None:
         table = set(inc.table)
@@ -599,13 +640,14 @@ class Ledger:
         if event.expected is not None or event.actual is not None:
             detail = f" (expected {event.expected}, found {event.actual})"
         why = f"store key {event.key!r} holds KV that is not the KV of its tokens{detail}"
-        writers = self.key_writers.get(event.key, ())
-        job = self._writer(event.job, event.key)
+        writers, job = self._writers(event.job, event.key)
         out.append(finding(Code.POISONED_KEY, seq, why, *writers, job=job, key=event.key))
 
-    def _writer(self, job: int | None, key: str) -> int | None:
-        """The job behind a value: as the audit names it, else the key's first writer."""
-        return job if job is not None else self.key_first_job.get(key)
+    def _writers(self, job: int | None, key: str) -> tuple[tuple[int, ...], int | None]:
+        """The enqueues that wrote ``key``, and the job behind its value: as the
+        audit names it, else the key's first writer."""
+        writers, first = self.archive.key_writers(key)
+        return writers, job if job is not None else first
 
     def _on_key_missing(self, seq: int, event: ev.KeyMissing, out: Out) -> None:
         """Evicted or unreadable: counted, never a violation (nothing wrong was read)."""
@@ -620,13 +662,14 @@ class Ledger:
             f"{event.req}/{event.gen} loaded {event.key!r} and got KV that is not "
             "what the key names"
         )
+        writers, job = self._writers(event.job, event.key)
         out.append(
             finding(
                 Code.WRONG_KV_LOADED,
                 seq,
                 why,
-                *self.key_writers.get(event.key, ()),
-                job=self._writer(event.job, event.key),
+                *writers,
+                job=job,
                 req=event.req,
                 gen=event.gen,
                 key=event.key,
@@ -642,8 +685,15 @@ class Ledger:
         the generic copy takes seconds, this a fraction of that. Events and
         tuples are immutable and shared; every mutable row is copied, and
         each job's per-rank states are the very copies its rank ledger holds.
+        Parked state is copied packed (see :meth:`Archive.copy`).
         """
-        new = Ledger(observes_workers=self.observes_workers)
+        new = Ledger(
+            observes_workers=self.observes_workers,
+            archive=self.archive.copy(),
+            park_after=self.park_after,
+            sweep_every=self.sweep_every,
+        )
+        new.parks = self.parks
         new.header = self.header
         new.requests = {req: r.copy() for req, r in self.requests.items()}
         new.blocks = {b: s.copy() for b, s in self.blocks.items()}
@@ -657,30 +707,178 @@ class Ledger:
         new.crashes = list(self.crashes)
         new.keys_missing = self.keys_missing
         new.pinned = dict(self.pinned)
-        new.key_writers = dict(self.key_writers)
-        new.key_first_job = dict(self.key_first_job)
         new._reported_once = set(self._reported_once)
+        new._named_jobs = OrderedDict(self._named_jobs)
+        new._named_requests = OrderedDict(self._named_requests)
+        new._unparkable = set(self._unparkable)
+        return new
+
+    def whole(self) -> Ledger:
+        """This ledger with every parked job and request back in place.
+
+        For ``--at``, the inspector's exports and equality: views that must
+        show history, not just live state. Costs what parking saved.
+        """
+        if not self.parks or not len(self.archive):
+            return self
+        new = self.snapshot()
+        for kind, name in list(new.archive.keys()):
+            if kind == "job" and isinstance(name, int):
+                new._unpark_job(name)
+            elif kind == "request" and isinstance(name, str):
+                new._unpark_request(name)
         return new
 
     def _state(self) -> tuple[Any, ...]:
-        """Everything the fold has folded, for equality (the dispatch table is not state)."""
+        """Everything the fold has folded, for equality (the dispatch table is not
+        state, and neither is where parked state happens to be kept)."""
         return (
             self.observes_workers, self.header, self.requests, self.blocks, self.jobs,
             self.ranks, self.last_job, self.last_job_seq, self.step, self.records,
             self.last_seq, self.last_kind, self.crashes, self.keys_missing, self.pinned,
-            self.key_writers, self.key_first_job, self._reported_once,
+            self.archive.key_log(), self._reported_once,
         )  # fmt: skip
 
     def __eq__(self, other: object) -> bool:
-        """Two ledgers are equal when every piece of folded state is."""
+        """Two ledgers are equal when every piece of folded state is, parked or not."""
         if not isinstance(other, Ledger):
             return NotImplemented
-        return self._state() == other._state()
+        return self.whole()._state() == other.whole()._state()
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
+    # -- parking settled state (see kvstate.archive) -------------------------------------
+
+    def _unpark_named(self, event: ev.Event) -> None:
+        """Bring back, before the fold reads it, whatever this record names.
+
+        A worker record's checks read its job and the job's request (on every
+        rank); a scheduler record's read its request; an enqueue of an id not
+        greater than the last reads the earlier job under that id.
+        """
+        now = self.records
+        kind = type(event)
+        req: str | None
+        if kind in _JOB_RECORDS:
+            job_id: int = event.job  # type: ignore[attr-defined]
+            job = self.jobs.get(job_id)
+            if job is None:
+                job = self._unpark_job(job_id)
+            if job is None:
+                return  # never enqueued: the fold flags it
+            self._named_jobs[job_id] = now
+            self._named_jobs.move_to_end(job_id)
+            req = job.req
+        elif kind is ev.JobEnqueued:
+            enq: ev.JobEnqueued = event  # type: ignore[assignment]
+            if self.last_job is not None and enq.job <= self.last_job and enq.job not in self.jobs:
+                self._unpark_job(enq.job)
+            self._named_jobs[enq.job] = now
+            self._named_jobs.move_to_end(enq.job)
+            req = enq.req
+        else:
+            req = getattr(event, "req", None)
+        if req is None:
+            return
+        if req not in self.requests:
+            self._unpark_request(req)
+        self._named_requests[req] = now
+        self._named_requests.move_to_end(req)
+
+    def _park_settled(self) -> None:
+        """Park what has settled and has not been named for ``park_after`` records.
+
+        Settled means no end-of-run check could flag it (engine_idle skips
+        parked state): a job with no pins held and every rank of its world
+        having received and reported it; a request none of whose incarnations
+        holds blocks. Anything else is looked at again later.
+        """
+        self._sweep(self._named_jobs, self._job_settled, self._park_job)
+        self._sweep(self._named_requests, self._request_settled, self._park_request)
+
+    def _sweep(
+        self,
+        named: OrderedDict[K, int],
+        settled: Callable[[K], bool | None],
+        park: Callable[[K], None],
+    ) -> None:
+        horizon = self.records - self.park_after
+        later = []
+        while named:
+            key, when = named.popitem(last=False)
+            if when > horizon:
+                named[key] = when
+                named.move_to_end(key, last=False)
+                break
+            verdict = settled(key)
+            if verdict is True:
+                park(key)
+            elif verdict is False:
+                later.append(key)
+        for key in later:
+            named[key] = self.records
+
+    def _job_settled(self, job_id: int) -> bool | None:
+        """True: park it; False: not yet; None: nothing to park (gone or replaced)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        if job_id in self.pinned or len(job.ranks) < job.world_size:
+            return False
+        for rl in self.ranks.values():
+            rj = rl.jobs.get(job_id)
+            if rj is not None and rj.reported_seq is None:
+                return False
+        return True
+
+    def _request_settled(self, req: str) -> bool | None:
+        request = self.requests.get(req)
+        if request is None or req in self._unparkable:
+            return None
+        for inc in request.incarnations.values():
+            if inc.held or inc.table:
+                return False
+        for rl in self.ranks.values():
+            st = rl.requests.get(req)
+            if st is not None and st.live_jobs:
+                return False
+        return True
+
+    def _park_job(self, job_id: int) -> None:
+        job = self.jobs.pop(job_id)
+        on_ranks = {r: rl.jobs.pop(job_id) for r, rl in self.ranks.items() if job_id in rl.jobs}
+        # Packed together, so job.ranks[r] comes back as the very object ranks hold.
+        self.archive.put(("job", job_id), pack_job(job, on_ranks))
+
+    def _unpark_job(self, job_id: int) -> StoreJobState | None:
+        blob = self.archive.take(("job", job_id))
+        if blob is None:
+            return None
+        job, on_ranks = unpack_job(blob)
+        self.jobs[job_id] = job
+        for r, rj in on_ranks.items():
+            self.rank(r).jobs[job_id] = rj
+        return job
+
+    def _park_request(self, req: str) -> None:
+        request = self.requests.pop(req)
+        gens = list(request.incarnations)
+        on_ranks = {r: rl.take_request(req, gens) for r, rl in self.ranks.items()}
+        self.archive.put(("request", req), pack_request(request, on_ranks))
+
+    def _unpark_request(self, req: str) -> None:
+        blob = self.archive.take(("request", req))
+        if blob is None:
+            return
+        request, on_ranks = unpack_request(blob)
+        self.requests[req] = request
+        for r, part in on_ranks.items():
+            self.rank(r).put_request(req, part)
+
     def to_dict(self) -> dict[str, Any]:
-        """The ledger as plain data (for ``--at`` and the inspector)."""
+        """The ledger as plain data (for ``--at`` and the inspector), parked state included."""
+        if self.parks and len(self.archive):
+            return self.whole().to_dict()
         return {
             "step": self.step,
             "records": self.records,

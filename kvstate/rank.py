@@ -35,6 +35,17 @@ class JobInfo(JobLike, Protocol):
 
 Out = list[Violation]
 
+#: what a rank keeps for one request: its state, newest received and seen
+#: generations, and per generation the end, offset and jobs received
+RankRequestPart = tuple[
+    "StoreRequestState | None",
+    "tuple[int, int] | None",
+    "tuple[int, int] | None",
+    dict[int, int],
+    dict[int, "tuple[int, int]"],
+    dict[int, "tuple[int, ...]"],
+]
+
 
 class RankLedger:
     """The folded state of one rank: its jobs and its per-request state."""
@@ -105,12 +116,50 @@ class RankLedger:
         return state is not None and job in state.live_jobs
 
     def pending_jobs(self, req: str, gen: int) -> list[int]:
-        """Jobs of ``(req, gen)`` received on this rank and not reported yet."""
+        """Jobs of ``(req, gen)`` received on this rank and not reported yet.
+
+        A job missing from ``jobs`` was parked by the reference ledger, which
+        parks only jobs that every rank holding them has reported.
+        """
+        jobs = self.jobs
         return [
             job
             for job in self.by_incarnation.get((req, gen), ())
-            if self.jobs[job].reported_seq is None
+            if job in jobs and jobs[job].reported_seq is None
         ]
+
+    # -- parking (the reference ledger moves settled requests out and back) -----------
+
+    def take_request(self, req: str, gens: list[int]) -> RankRequestPart | None:
+        """Remove and return everything this rank keeps for ``req`` and its ``gens``."""
+        keys = [(req, g) for g in gens]
+        part = (
+            self.requests.pop(req, None),
+            self.newest_received.pop(req, None),
+            self.newest_seen.pop(req, None),
+            {k[1]: self.ended.pop(k) for k in keys if k in self.ended},
+            {k[1]: self.offsets.pop(k) for k in keys if k in self.offsets},
+            {k[1]: self.by_incarnation.pop(k) for k in keys if k in self.by_incarnation},
+        )
+        return part if any(part) else None
+
+    def put_request(self, req: str, part: RankRequestPart | None) -> None:
+        """Put back what :meth:`take_request` took."""
+        if part is None:
+            return
+        state, received, seen, ended, offsets, jobs = part
+        if state is not None:
+            self.requests[req] = state
+        if received is not None:
+            self.newest_received[req] = received
+        if seen is not None:
+            self.newest_seen[req] = seen
+        for g, v in ended.items():
+            self.ended[(req, g)] = v
+        for g, o in offsets.items():
+            self.offsets[(req, g)] = o
+        for g, j in jobs.items():
+            self.by_incarnation[(req, g)] = j
 
     # -- the fold ----------------------------------------------------------------------
 

@@ -8,10 +8,12 @@ from typing import Any
 import attrs
 
 from journal import RecordError
+from kvstate.archive import Archive
 from kvstate.ledger import Ledger
 from kvstate.violations import Code, Violation
 
 from .sources import Located, Origin, open_stream
+from .spill import SpillArchive
 
 
 @attrs.define
@@ -19,7 +21,8 @@ class ReplayResult:
     """What replay found. ``ledger`` is the state after the last record folded."""
 
     paths: list[str]
-    ledger: Ledger
+    #: the fold's own ledger, settled state parked (see :mod:`kvstate.archive`)
+    folded: Ledger
     events: int
     violations: list[Violation]
     warnings: list[Violation]
@@ -27,6 +30,14 @@ class ReplayResult:
     origin: Origin | None = None
     #: ``--require-idle``: a journal that ends before the engine did is a failure
     require_idle: bool = False
+    _whole: Ledger | None = attrs.field(default=None, init=False, repr=False)
+
+    @property
+    def ledger(self) -> Ledger:
+        """The whole ledger, parked jobs and requests back in place (built on first use)."""
+        if self._whole is None:
+            self._whole = self.folded.whole()
+        return self._whole
 
     @property
     def unfinished(self) -> bool:
@@ -80,13 +91,17 @@ def fold_located(
     *,
     at: int | None = None,
     progress: Callable[[int], None] | None = None,
+    archive: Archive | None = None,
 ) -> tuple[Ledger, int, list[Violation], list[Violation]]:
     """Fold records in order, stopping after seq ``at`` when given.
+
+    Settled jobs and requests are parked in ``archive`` (a new in-memory one
+    when not given), so memory follows live state; verdicts do not change.
 
     ``progress`` is called with the number of records folded so far, every
     :data:`PROGRESS_EVERY` records.
     """
-    ledger = Ledger()
+    ledger = Ledger(archive=archive if archive is not None else Archive())
     violations: list[Violation] = []
     warnings: list[Violation] = []
     events = 0
@@ -126,7 +141,9 @@ def replay(
         raise RecordError("no journal given")
     stream, origin = open_stream(list(paths))
     try:
-        ledger, events, violations, warnings = fold_located(stream, at=at, progress=progress)
+        ledger, events, violations, warnings = fold_located(
+            stream, at=at, progress=progress, archive=SpillArchive()
+        )
     except RecordError as exc:
         if exc.path is None:
             raise exc.located(path=", ".join(paths)) from None

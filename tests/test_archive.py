@@ -1,0 +1,104 @@
+"""Parking settled state changes memory, never a verdict.
+
+Every journal here is folded twice: by a ledger that keeps everything, and by
+one that parks whatever has settled after every single record (the most
+parking and unparking any journal can cause). Findings, record by record,
+and the whole ledger at the end must be identical.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvstate import Archive
+from kvstate.codec import Entry
+from kvstate.harness.sim.faults import Faults
+from kvstate.harness.sim.runtime import SimConfig, simulate
+from kvstate.harness.zoo import CASES, run_case
+from kvstate.ledger import Ledger
+from replay import replay
+from replay.sources import entries
+
+
+def fold_both(items: list[Entry]) -> tuple[Ledger, Ledger, int]:
+    keeping = Ledger()
+    parking = Ledger(archive=Archive(), park_after=1, sweep_every=1)
+    findings = 0
+    for entry in items:
+        kept = keeping.apply(entry.seq, entry.step, entry.event)
+        parked = parking.apply(entry.seq, entry.step, entry.event)
+        assert [v.to_dict() for v in parked] == [v.to_dict() for v in kept], entry
+        findings += len(kept)
+    assert [v.to_dict() for v in parking.end()] == [v.to_dict() for v in keeping.end()]
+    return keeping, parking, findings
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("policy", ["kvstate", "legacy"])
+def test_zoo_cases_fold_the_same_parked(name: str, policy: str) -> None:
+    items = run_case(CASES[name], policy).entries or []
+    keeping, parking, _ = fold_both(items)
+    assert parking == keeping
+
+
+@pytest.mark.parametrize(
+    ("policy", "faults"),
+    [
+        ("kvstate", ""),
+        ("legacy", ""),
+        ("kvstate", "put-fail=0.2,evict=0.3"),
+        ("legacy", "evict=0.2,no-space=0.1"),
+    ],
+)
+def test_simulated_runs_fold_the_same_parked(tmp_path: Path, policy: str, faults: str) -> None:
+    path = tmp_path / "run.db"
+    config = SimConfig(requests=60, policy=policy, faults=Faults.parse(faults), seed=3)
+    simulate(config, journal=str(path))
+    keeping, parking, findings = fold_both(list(entries([str(path)])))
+    assert parking.archive.keys(), "nothing was parked: the test proves nothing"
+    assert parking == keeping
+    if policy == "legacy":
+        assert findings, "the legacy run found nothing to compare"
+
+
+def test_late_records_bring_parked_state_back(tmp_path: Path) -> None:
+    """A second report and a second release of long-settled jobs are judged as if
+    nothing had been parked (DOUBLE_REPORT and PIN_MISMATCH name the old seqs)."""
+    path = tmp_path / "run.db"
+    simulate(SimConfig(requests=40, seed=5), journal=str(path))
+    items = [e for e in entries([str(path)]) if e.event.kind != "engine_idle"]
+    first_report = next(e for e in items if e.event.kind == "job_reported")
+    first_release = next(e for e in items if e.event.kind == "pins_released")
+    last = items[-1].seq
+    late = [
+        Entry(last + 1, items[-1].step, None, first_report.event),
+        Entry(last + 2, items[-1].step, None, first_release.event),
+    ]
+    keeping, parking, _ = fold_both([*items, *late])
+    assert parking == keeping
+    codes = [v.code.value for v in keeping.apply(last + 3, items[-1].step, late[0].event)]
+    assert codes == ["DOUBLE_REPORT"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), requests=st.integers(4, 30))
+def test_any_simulated_run_folds_the_same_parked(seed: int, requests: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "run.db")
+        simulate(SimConfig(requests=requests, seed=seed, policy="legacy"), journal=path)
+        keeping, parking, _ = fold_both(list(entries([path])))
+    assert parking == keeping
+
+
+def test_replay_result_shows_the_whole_ledger(tmp_path: Path) -> None:
+    path = tmp_path / "run.db"
+    simulate(SimConfig(requests=40, seed=1), journal=str(path))
+    result = replay([str(path)])
+    keeping, _, _ = fold_both(list(entries([str(path)])))
+    assert result.ledger == keeping
+    assert len(result.ledger.jobs) == len(keeping.jobs)
