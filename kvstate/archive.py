@@ -27,64 +27,138 @@ from collections.abc import Hashable, Iterator
 Key = tuple[str, Hashable]
 
 
+class _Layer:
+    """Entities parked since the layer began, and those it took from below."""
+
+    __slots__ = ("below", "gone", "own")
+
+    def __init__(self, below: _Layer | None) -> None:
+        self.own: dict[Key, bytes] = {}
+        self.gone: set[Key] = set()
+        self.below = below
+
+
+class _KeyLog:
+    """Which enqueues wrote each key. Append-only, so copies share one log and
+    read only the writes before their own position (see :meth:`Archive.copy`)."""
+
+    def __init__(self) -> None:
+        #: key -> seqs of the enqueues that wrote it, ascending
+        self.writers: dict[str, tuple[int, ...]] = {}
+        #: key -> the job of the first of them
+        self.first_job: dict[str, int] = {}
+
+    def written(self, key: str, seq: int, job: int) -> None:
+        seqs = self.writers.get(key)
+        if seqs is None:
+            self.writers[key] = (seq,)
+            # The first put of a key wins (Mooncake keeps the first value): its
+            # job is the one a wrong value under the key comes from.
+            self.first_job[key] = job
+        elif seq > seqs[-1]:
+            self.writers[key] = (*seqs, seq)
+        # else: a copy folding again from an earlier snapshot logged it already
+
+
 class Archive:
-    """Packed settled entities and the key log (in memory).
+    """Packed settled entities and the key log, in memory.
 
     Subclasses store elsewhere; the fold only calls these methods. An entity
     is put once and taken (removed) when a record names it again.
+
+    :meth:`copy` is cheap whatever the archive holds: the copy and the
+    original each get a new empty layer over the shared, now frozen, one
+    below (a tombstone in a layer hides what it took from below), and the
+    append-only key log is shared, each ledger reading only the writes before
+    the record it is at. Time travel keeps dozens of snapshots this way.
     """
 
     def __init__(self) -> None:
-        self._entities: dict[Key, bytes] = {}
-        #: key -> seqs of the enqueues that wrote it (tuples: copies share them)
-        self._writers: dict[str, tuple[int, ...]] = {}
-        #: key -> the first job that wrote it
-        self._first_job: dict[str, int] = {}
+        self._top = _Layer(None)
+        self._count = 0
+        self._log = _KeyLog()
 
     # -- entities --------------------------------------------------------------------
 
     def put(self, key: Key, blob: bytes) -> None:
         """Park a packed entity under ``key``."""
-        self._entities[key] = blob
+        top = self._top
+        if key not in top.own:
+            self._count += 1
+        top.own[key] = blob  # own is looked at before gone: this shadows a tombstone
 
     def take(self, key: Key) -> bytes | None:
         """The entity parked under ``key``, removed from the archive; None if none."""
-        return self._entities.pop(key, None)
+        top = self._top
+        blob = top.own.pop(key, None)
+        if blob is not None:
+            self._count -= 1
+            if top.below is not None:
+                top.gone.add(key)  # an older version may lie below: hide it too
+            return blob
+        if key in top.gone:
+            return None
+        layer = top.below
+        while layer is not None:
+            blob = layer.own.get(key)
+            if blob is not None:
+                top.gone.add(key)
+                self._count -= 1
+                return blob
+            if key in layer.gone:
+                return None
+            layer = layer.below
+        return None
 
     def keys(self) -> Iterator[Key]:
         """What is parked (for views and equality, which bring it all back)."""
-        return iter(list(self._entities))
+        seen: set[Key] = set()
+        found = []
+        layer: _Layer | None = self._top
+        while layer is not None:
+            for key in layer.own:
+                if key not in seen:
+                    found.append(key)
+            seen.update(layer.own)
+            seen.update(layer.gone)
+            layer = layer.below
+        return iter(found)
 
     def __len__(self) -> int:
-        return len(self._entities)
+        return self._count
 
     # -- the key log -----------------------------------------------------------------
 
     def key_written(self, key: str, seq: int, job: int) -> None:
         """Record that the enqueue at ``seq`` (job ``job``) writes ``key``."""
-        self._writers[key] = (*self._writers.get(key, ()), seq)
-        # The first put of a key wins (Mooncake keeps the first value): its job
-        # is the one a wrong value under the key comes from.
-        self._first_job.setdefault(key, job)
+        self._log.written(key, seq, job)
 
-    def key_writers(self, key: str) -> tuple[tuple[int, ...], int | None]:
-        """The seqs of the enqueues that wrote ``key``, and the first writer's job."""
-        return self._writers.get(key, ()), self._first_job.get(key)
+    def key_writers(self, key: str, before: int) -> tuple[tuple[int, ...], int | None]:
+        """The seqs of the enqueues before seq ``before`` that wrote ``key``, and
+        the first writer's job (None when there is none)."""
+        seqs = self._log.writers.get(key)
+        if not seqs or seqs[0] >= before:
+            return (), None
+        if seqs[-1] >= before:
+            seqs = tuple(s for s in seqs if s < before)
+        return seqs, self._log.first_job[key]
 
-    # -- copies and comparison ---------------------------------------------------------
+    def key_log(self, upto: int) -> dict[str, tuple[tuple[int, ...], int | None]]:
+        """The key log as of seq ``upto`` (for equality and views)."""
+        found = {key: self.key_writers(key, upto + 1) for key in self._log.writers}
+        return {key: w for key, w in found.items() if w[0]}
+
+    # -- copies ----------------------------------------------------------------------
 
     def copy(self) -> Archive:
-        """An independent copy (packed blobs and tuples are immutable and shared)."""
-        new = type(self).__new__(type(self))
-        Archive.__init__(new)
-        new._entities = dict(self._entities)
-        new._writers = dict(self._writers)
-        new._first_job = dict(self._first_job)
+        """An independent copy, in constant time (see the class docstring)."""
+        frozen = self._top
+        self._top = _Layer(frozen)
+        new = Archive()
+        new._top = _Layer(frozen)
+        new._count = self._count
+        new._log = self._log
         return new
-
-    def key_log(self) -> dict[str, tuple[tuple[int, ...], int | None]]:
-        """The whole key log (for equality and views)."""
-        return {key: self.key_writers(key) for key in self._writers}
 
     def close(self) -> None:
         """Release what the archive holds outside this process (nothing here)."""

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from journal import RecordError
 
 from . import events as ev
+from ._layered import LayeredSet
 from ._parking import pack_job, pack_request, unpack_job, unpack_request
 from .archive import Archive
 from .codec import Entry
@@ -107,7 +108,8 @@ class Ledger:
         self.keys_missing = 0
         #: jobs whose pins are still held, in enqueue order
         self.pinned: dict[int, None] = {}
-        self._reported_once: set[tuple[Code, Any]] = set()
+        #: (code, entity) of the findings reported once (copies share it, see _layered)
+        self._reported_once = LayeredSet()
         self._dispatch: dict[type, Callable[[int, Any, Out], None]] = {
             ev.JournalOpened: self._on_journal_opened,
             ev.RequestAdmitted: self._on_admitted,
@@ -640,13 +642,13 @@ class Ledger:
         if event.expected is not None or event.actual is not None:
             detail = f" (expected {event.expected}, found {event.actual})"
         why = f"store key {event.key!r} holds KV that is not the KV of its tokens{detail}"
-        writers, job = self._writers(event.job, event.key)
+        writers, job = self._writers(seq, event.job, event.key)
         out.append(finding(Code.POISONED_KEY, seq, why, *writers, job=job, key=event.key))
 
-    def _writers(self, job: int | None, key: str) -> tuple[tuple[int, ...], int | None]:
-        """The enqueues that wrote ``key``, and the job behind its value: as the
-        audit names it, else the key's first writer."""
-        writers, first = self.archive.key_writers(key)
+    def _writers(self, seq: int, job: int | None, key: str) -> tuple[tuple[int, ...], int | None]:
+        """The enqueues before ``seq`` that wrote ``key``, and the job behind its
+        value: as the audit names it, else the key's first writer."""
+        writers, first = self.archive.key_writers(key, seq)
         return writers, job if job is not None else first
 
     def _on_key_missing(self, seq: int, event: ev.KeyMissing, out: Out) -> None:
@@ -662,7 +664,7 @@ class Ledger:
             f"{event.req}/{event.gen} loaded {event.key!r} and got KV that is not "
             "what the key names"
         )
-        writers, job = self._writers(event.job, event.key)
+        writers, job = self._writers(seq, event.job, event.key)
         out.append(
             finding(
                 Code.WRONG_KV_LOADED,
@@ -707,7 +709,7 @@ class Ledger:
         new.crashes = list(self.crashes)
         new.keys_missing = self.keys_missing
         new.pinned = dict(self.pinned)
-        new._reported_once = set(self._reported_once)
+        new._reported_once = self._reported_once.copy()
         new._named_jobs = OrderedDict(self._named_jobs)
         new._named_requests = OrderedDict(self._named_requests)
         new._unparkable = set(self._unparkable)
@@ -736,7 +738,7 @@ class Ledger:
             self.observes_workers, self.header, self.requests, self.blocks, self.jobs,
             self.ranks, self.last_job, self.last_job_seq, self.step, self.records,
             self.last_seq, self.last_kind, self.crashes, self.keys_missing, self.pinned,
-            self.archive.key_log(), self._reported_once,
+            self.archive.key_log(self.last_seq or 0), self._reported_once,
         )  # fmt: skip
 
     def __eq__(self, other: object) -> bool:

@@ -28,6 +28,7 @@ from kvstate.ledger import Ledger
 
 from .explain import describe
 from .sources import open_stream
+from .spill import SpillArchive
 
 SCHEDULER_PID = 1
 SENDING_TID = 1
@@ -174,7 +175,7 @@ def write_perfetto(paths: Sequence[str], out: TextIO) -> tuple[int, str]:
         out.write(json.dumps(event, ensure_ascii=False, allow_nan=False))
 
     trace = _Trace(write)
-    ledger = Ledger()
+    ledger = Ledger(archive=SpillArchive())
     violations = 0
     for item in stream:
         entry = item.entry

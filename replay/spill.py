@@ -91,17 +91,19 @@ class SpillArchive(Archive):
         if len(self._writes) >= _BATCH:
             self._flush_writes()
 
-    def key_writers(self, key: str) -> tuple[tuple[int, ...], int | None]:
+    def key_writers(self, key: str, before: int) -> tuple[tuple[int, ...], int | None]:
         self._flush_writes()
         rows = self._db.execute(
-            "SELECT seq, job FROM key_writes WHERE key = ? ORDER BY rowid", (key,)
+            "SELECT seq, job FROM key_writes WHERE key = ? AND seq < ? ORDER BY rowid",
+            (key, before),
         ).fetchall()
         return tuple(seq for seq, _ in rows), (rows[0][1] if rows else None)
 
-    def key_log(self) -> dict[str, tuple[tuple[int, ...], int | None]]:
+    def key_log(self, upto: int) -> dict[str, tuple[tuple[int, ...], int | None]]:
         self._flush_writes()
         keys = [k for (k,) in self._db.execute("SELECT DISTINCT key FROM key_writes")]
-        return {key: self.key_writers(key) for key in keys}
+        found = {key: self.key_writers(key, upto + 1) for key in keys}
+        return {key: w for key, w in found.items() if w[0]}
 
     def _flush_writes(self) -> None:
         if not self._writes:
@@ -121,12 +123,66 @@ class SpillArchive(Archive):
                 "SELECT blob FROM entities WHERE kind = ? AND name = ?", key
             ).fetchone()[0]
             new.put(key, bytes(blob))
-        for name, (seqs, first) in self.key_log().items():
-            new._writers[name] = seqs
-            if first is not None:
-                new._first_job[name] = first
+        self._flush_writes()
+        writes = self._db.execute("SELECT key, seq, job FROM key_writes ORDER BY rowid")
+        for key, seq, job in writes:
+            new.key_written(key, seq, job)
         return new
 
     def close(self) -> None:
         """Close the database; SQLite deletes its file."""
+        self._db.close()
+
+
+class ViolationSpool:
+    """Findings kept on disk in the order found, for reports that print them all.
+
+    Holds ``(seq, code, message)`` rows in a private temporary SQLite database
+    (deleted when closed), so printing every violation of a journal full of
+    them costs no memory per violation.
+    """
+
+    def __init__(self) -> None:
+        self._db = sqlite3.connect("", isolation_level=None, check_same_thread=False)
+        self._db.executescript(
+            "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;"
+            "CREATE TABLE found (seq INTEGER, code TEXT, message TEXT);"
+        )
+        self._pending: list[tuple[int, str, str]] = []
+        self._count = 0
+
+    def add(self, seq: int, code: str, message: str) -> None:
+        self._pending.append((seq, code, message))
+        self._count += 1
+        if len(self._pending) >= _BATCH:
+            self._flush()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[tuple[int, str, str]]:
+        """Every row in the order added, read in pages."""
+        self._flush()
+        last = 0
+        while True:
+            page = self._db.execute(
+                "SELECT rowid, seq, code, message FROM found WHERE rowid > ? ORDER BY rowid "
+                "LIMIT 4096",
+                (last,),
+            ).fetchall()
+            if not page:
+                return
+            for _rowid, seq, code, message in page:
+                yield seq, code, message
+            last = page[-1][0]
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        rows, self._pending = self._pending, []
+        self._db.execute("BEGIN")
+        self._db.executemany("INSERT INTO found VALUES (?, ?, ?)", rows)
+        self._db.execute("COMMIT")
+
+    def close(self) -> None:
         self._db.close()

@@ -22,8 +22,9 @@ from typing import overload
 
 from journal import Journal, RecordError, is_journal_file, parse_line
 from journal.database import BEFORE_FIRST
-from kvstate.codec import Entry, from_record
-from kvstate.ledger import Ledger
+from kvstate.archive import Archive
+from kvstate.codec import Entry, from_record, from_row
+from kvstate.ledger import PARK_AFTER, SWEEP_EVERY, Ledger
 from kvstate.violations import CODE_ORDER, Code, Violation
 
 #: records between two checks of a fold's ``cancel``
@@ -47,9 +48,9 @@ class _DatabaseRecords:
         chunk_size = 4096
         while after < upto:
             with self._lock:
-                chunk = list(self._journal.records(after=after, upto=min(upto, after + chunk_size)))
-            for record in chunk:
-                yield from_record(record, path=self.path)
+                chunk = list(self._journal.rows(after=after, upto=min(upto, after + chunk_size)))
+            for seq, kind, step, rank, ts, fields in chunk:
+                yield from_row(seq, kind, step, rank, ts, fields, self.path)
             after = min(upto, after + chunk_size)
 
     def close(self) -> None:
@@ -144,7 +145,13 @@ class TimeTravel:
     built in the background."""
 
     def __init__(
-        self, path: str | list[str], *, snapshot_every: int = 2000, max_snapshots: int = 48
+        self,
+        path: str | list[str],
+        *,
+        snapshot_every: int = 2000,
+        max_snapshots: int = 256,
+        park_after: int = PARK_AFTER,
+        sweep_every: int = SWEEP_EVERY,
     ) -> None:
         paths = [path] if isinstance(path, str) else list(path)
         self.path = ", ".join(paths)
@@ -161,12 +168,17 @@ class TimeTravel:
         self._codes: dict[Code, list[int]] = {}
         self.indexed_seq = BEFORE_FIRST
         self.error: Exception | None = None
-        # Snapshots cost time and memory in proportion to the ledger: take about
-        # ``max_snapshots / 2`` over the journal, and never more than ``max_snapshots``.
+        # A snapshot costs what is live (parked state is shared, see
+        # kvstate.archive): take about ``max_snapshots / 2`` over the journal,
+        # and never more than ``max_snapshots``, so going back folds a few
+        # thousand records at most.
         self._every = max(snapshot_every, self.last_seq // max(1, max_snapshots // 2))
         self._max_snapshots = max_snapshots
-        self._snapshots: list[tuple[int, Ledger]] = [(BEFORE_FIRST, Ledger())]
-        self._index_ledger = Ledger()
+        # Both park settled state in memory (snapshots copy it packed), so a
+        # snapshot costs what is live, not the whole history.
+        first = Ledger(archive=Archive(), park_after=park_after, sweep_every=sweep_every)
+        self._snapshots: list[tuple[int, Ledger]] = [(BEFORE_FIRST, first)]
+        self._index_ledger = first.snapshot()
         self._cursor: tuple[int, Ledger] | None = None
         #: one fold at a time: ``_cursor`` is folded forward in place
         self._fold_lock = threading.Lock()
@@ -292,13 +304,13 @@ class TimeTravel:
         """
         with self._fold_lock:
             seq = max(BEFORE_FIRST, min(seq, self.last_seq))
+            with self._lock:
+                i = bisect.bisect_right([s for s, _ in self._snapshots], seq) - 1
+                base_seq, stored = self._snapshots[i]
             cursor = self._cursor
-            if cursor is not None and cursor[0] <= seq:
+            if cursor is not None and base_seq <= cursor[0] <= seq:
                 base_seq, ledger = cursor  # forward from where we are: no copy
             else:
-                with self._lock:
-                    i = bisect.bisect_right([s for s, _ in self._snapshots], seq) - 1
-                    base_seq, stored = self._snapshots[i]
                 ledger = stored.snapshot()  # the stored one stays as it was
             reached = base_seq
             for n, entry in enumerate(self.records.between(base_seq, seq)):

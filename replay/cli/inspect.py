@@ -8,7 +8,7 @@ import sys
 
 from journal import JournalError, RecordError
 
-from ..report import emit, report_console
+from ..report import report_console
 from ._common import (
     EXIT_CLEAN,
     EXIT_UNUSABLE,
@@ -46,12 +46,12 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_UNUSABLE
     target = args.paths[0] if len(args.paths) == 1 else list(args.paths)
     try:
-        from ..tui.inspector import Inspector, once
-
         if args.once:
-            text, status = once(target)
-            emit(report_console(), text)
-            return status
+            from ..tui._once import print_once
+
+            return print_once(report_console(), list(args.paths))
+        from ..tui.inspector import Inspector
+
         app = Inspector(target, follow=args.follow)
     except ImportError as exc:
         print(f"kvstate: error: the inspector needs the 'tui' extra ({exc})", file=sys.stderr)

@@ -9,8 +9,8 @@ the journal.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sized
+from typing import Any, Protocol
 
 import attrs
 from rich import box
@@ -20,13 +20,14 @@ from rich.table import Table
 from rich.text import Text
 
 from kvstate.ledger import Ledger
+from kvstate.violations import Code
 from replay.report import job_cells
 from replay.safe import literal, printable
 from replay.timeline import selector
-from replay.timetravel import TimeTravel
 
-#: rows of the Requests and Jobs views: everything in flight, then the most recent
-RECENT_ROWS = 400
+#: rows of the Requests and Jobs views (a few screens): in flight first, then
+#: the most recent; a table re-renders every row it holds on each key
+RECENT_ROWS = 120
 
 #: Enter on a row opens the timeline of this (``("req", R)`` or ``("job", J)``)
 Target = tuple[str, "str | int"]
@@ -97,7 +98,27 @@ class Filter:
         return wanted
 
 
-def overview(tt: TimeTravel) -> RenderableType:
+class Indexed(Protocol):
+    """What the overview reads: the inspector's index, or ``--once``'s single pass."""
+
+    path: str
+    last_seq: int
+    error: Exception | None
+
+    @property
+    def kinds(self) -> Mapping[str, int]: ...
+    @property
+    def indexed_seq(self) -> int: ...
+    @property
+    def indexed(self) -> bool: ...
+    @property
+    def unfinished(self) -> bool: ...
+    @property
+    def violations(self) -> Sized: ...
+    def codes(self) -> list[tuple[Code, int, int]]: ...
+
+
+def overview(tt: Indexed) -> RenderableType:
     """Journal, records, verdict, counts by kind, violations by code."""
     head = Text()
     head.append("journal ", style="bold")

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import gc
 import sys
 import time
 from typing import Any
 
-from rich import box
 from rich.console import Group as RichGroup
 from rich.console import RenderableType
-from rich.table import Table
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -25,7 +24,6 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 
-from journal import RecordError
 from journal.database import BEFORE_FIRST
 from kvstate.codec import Entry
 from kvstate.violations import Violation
@@ -42,8 +40,8 @@ TABS = ("overview", "requests", "jobs", "blocks", "violations", "events")
 EVENTS_AROUND = 60
 #: how often finished ledger views are picked up from the fold thread (seconds)
 PICK_UP_EVERY = 0.02
-#: the Violations view shows this many, the latest up to the cursor
-VIOLATIONS_SHOWN = 400
+#: the Violations view shows this many (a few screens), the latest up to the cursor
+VIOLATIONS_SHOWN = 120
 
 
 class TextScreen(ModalScreen[None]):
@@ -151,6 +149,7 @@ class Inspector(App[None]):
         self.folder: Folder | None = None
         #: what each ledger view on screen shows: (seq, tab, filter)
         self._shown: dict[str, Wish] = {}
+        self._frozen = False
         self._seen_last = self.tt.last_seq
         self._targets: dict[str, tuple[str, str | int]] = {}
         #: the whole journal's records that match the filter: (filter, last seq, entries)
@@ -226,6 +225,12 @@ class Inspector(App[None]):
     def _tick(self) -> None:
         if not self.query("#status"):
             return  # the app is shutting down: the widgets are gone
+        if self.tt.indexed and not self._frozen:
+            # The index of a million records is millions of long-lived objects;
+            # left to the cyclic collector, each full pass stalls a key for
+            # hundreds of milliseconds. They live until the app ends: freeze them.
+            gc.freeze()
+            self._frozen = True
         if self.follow and self.tt.last_seq != self._seen_last:
             at_end = self.cursor == self._seen_last
             self._seen_last = self.tt.last_seq
@@ -543,29 +548,3 @@ class Inspector(App[None]):
             if entry.seq <= self.cursor:
                 row = table.row_count - 1
         self.call_after_refresh(table.move_cursor, row=row)
-
-
-def once(path: str | list[str]) -> tuple[RenderableType, int]:
-    """``--once``: the overview and the violations, for CI logs and pipes.
-
-    Returns the text and replay's exit status for the same bytes: 0 clean,
-    1 violations. Unusable input raises, like replay (exit 2).
-    """
-    tt = TimeTravel(path)
-    try:
-        tt.index()
-    finally:
-        tt.stop()
-    if tt.error is not None:
-        raise tt.error
-    if tt.empty:
-        raise RecordError("journal is empty: no journal_opened record", path=tt.path)
-    parts: list[RenderableType] = [overview(tt)]
-    if tt.violations:
-        table = Table(title="violations", box=box.SIMPLE_HEAD, title_justify="left")
-        for column in ("seq", "code", "message"):
-            table.add_column(column)
-        for v in tt.violations:
-            table.add_row(_t(v.seq), _t(v.code.value, "red"), _t(v.message))
-        parts.append(table)
-    return RichGroup(*parts), 1 if tt.violations else 0

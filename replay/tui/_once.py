@@ -1,0 +1,93 @@
+"""``kvstate inspect --once``: the overview and every violation, streamed.
+
+One pass folds the journal (settled state parked on disk, see
+:mod:`replay.spill`) while counting records by kind and violations by
+code; the violations themselves go to a spool on disk. Then the overview is
+printed, and the violations one line each, so a journal of any length and
+any number of violations prints in the same memory.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import attrs
+from rich.console import Console
+from rich.text import Text
+
+from journal import RecordError
+from kvstate.ledger import Ledger
+from kvstate.violations import CODE_ORDER, Code
+from replay.report import emit
+from replay.safe import printable
+from replay.sources import open_stream
+from replay.spill import SpillArchive, ViolationSpool
+
+from ._views import overview
+
+
+@attrs.define
+class OnceIndex:
+    """What :func:`replay.tui._views.overview` reads, counted in one pass."""
+
+    path: str
+    last_seq: int
+    kinds: Counter[str]
+    unfinished: bool
+    violations: ViolationSpool
+    counted: dict[Code, list[int]]
+    indexed: bool = True
+    error: Exception | None = None
+
+    @property
+    def indexed_seq(self) -> int:
+        return self.last_seq
+
+    def codes(self) -> list[tuple[Code, int, int]]:
+        found = [(code, n, first) for code, (n, first) in self.counted.items()]
+        return sorted(found, key=lambda c: CODE_ORDER[c[0]])
+
+
+def index_once(paths: Sequence[str]) -> OnceIndex:
+    """Fold ``paths`` once; raises :class:`journal.RecordError` for unusable input."""
+    stream, _origin = open_stream(list(paths))
+    ledger = Ledger(archive=SpillArchive())
+    kinds: Counter[str] = Counter()
+    spool = ViolationSpool()
+    counted: dict[Code, list[int]] = {}
+    last = 0
+    for item in stream:
+        entry = item.entry
+        try:
+            found = ledger.apply(entry.seq, entry.step, entry.event)
+        except RecordError as exc:
+            raise exc.located(path=item.path, line=item.line, seq=item.seq) from None
+        kinds[entry.event.kind] += 1
+        last = entry.seq
+        for v in found:
+            if v.is_warning:
+                continue
+            spool.add(v.seq, v.code.value, v.message)
+            n = counted.setdefault(v.code, [0, v.seq])
+            n[0] += 1
+    return OnceIndex(", ".join(paths), last, kinds, bool(ledger.end()), spool, counted)
+
+
+def print_once(console: Console, paths: Sequence[str]) -> int:
+    """Print the overview, then every violation; returns replay's exit status (0 or 1)."""
+    index = index_once(paths)
+    try:
+        emit(console, overview(index))
+        if not len(index.violations):
+            return 0
+        width = len(str(index.last_seq))
+        emit(console, Text("\nviolations", style="bold"))
+        for seq, code, message in index.violations:
+            line = Text(f"{seq:>{width}}  ")
+            line.append(f"{code:<22}", style="red")
+            line.append(printable(message))
+            emit(console, line)
+        return 1
+    finally:
+        index.violations.close()
