@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
-from .database import Journal
+from .database import Journal, Row
 from .errors import JournalError
 from .record import Record
 
@@ -49,7 +49,9 @@ def _flush_open_writers() -> None:
 class JournalWriter(Generic[T]):
     """Buffers items and writes them to a :class:`Journal` in batches.
 
-    ``encode`` turns one buffered item into a :class:`Record`. With
+    ``encode`` turns one buffered item into a :class:`Record`, or into a row
+    ``(seq, kind, step, rank, ts, payload)`` (cheaper: see
+    :meth:`Journal.append_rows`). With
     ``background=False`` each commit writes on the caller's thread (tests,
     tools). A failure to write is raised from the ``commit`` that waited for
     it, or from the next ``commit``, ``flush`` or ``close``; batches that
@@ -58,11 +60,14 @@ class JournalWriter(Generic[T]):
     """
 
     def __init__(
-        self, journal: Journal, encode: Callable[[T], Record], *, background: bool = True
+        self, journal: Journal, encode: Callable[[T], Record | Row], *, background: bool = True
     ) -> None:
         self.journal = journal
         self._encode = encode
         self._lock = threading.Lock()
+        #: held while a batch is written: by the writer thread, or by a caller
+        #: that writes its own batch (see commit)
+        self._write_lock = threading.Lock()
         self._buffer: list[T] = []
         self._error: BaseException | None = None
         self.unwritten: list[list[T]] = []
@@ -96,6 +101,7 @@ class JournalWriter(Generic[T]):
         self._raise_if_failed()
         if self._closed:
             raise JournalError(f"{self.journal.path}: the journal writer is closed")
+        inline = False
         with self._lock:
             batch, self._buffer = self._buffer, []
             if not batch:
@@ -104,10 +110,22 @@ class JournalWriter(Generic[T]):
                 self._submitted += 1
                 ticket = self._submitted
                 # Under the lock: batches are written in commit order.
-                if self._queue is not None:
-                    self._queue.put(batch)
-                else:
+                if self._queue is None:
                     self._write(batch)
+                elif wait and self._written == ticket - 1:
+                    # Nothing queued, nothing being written: handing the batch
+                    # to the thread would only add two thread switches to the
+                    # caller's wait. Write it here; taking the write lock
+                    # before this lock is released keeps later batches behind it.
+                    self._write_lock.acquire()
+                    inline = True
+                else:
+                    self._queue.put(batch)
+        if inline:
+            try:
+                self._write_unlocked(batch)
+            finally:
+                self._write_lock.release()
         if wait:
             self._wait_for(ticket)
             self._raise_if_failed()
@@ -173,12 +191,21 @@ class JournalWriter(Generic[T]):
             self._write(cast("list[T]", batch))
 
     def _write(self, batch: list[T]) -> None:
+        with self._write_lock:
+            self._write_unlocked(batch)
+
+    def _write_unlocked(self, batch: list[T]) -> None:
         try:
             if self._error is not None:
                 self.unwritten.append(batch)
                 return
             try:
-                self.journal.append([self._encode(item) for item in batch])
+                encode = self._encode
+                encoded = [encode(item) for item in batch]
+                if encoded and type(encoded[0]) is tuple:
+                    self.journal.append_rows(encoded)  # type: ignore[arg-type]
+                else:
+                    self.journal.append(encoded)  # type: ignore[arg-type]
             except BaseException as exc:
                 self._error = exc
                 self.unwritten.append(batch)

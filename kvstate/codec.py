@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from journal import Record, RecordError
+from journal.database import Row
 
 from .events import EVENT_TYPES, SIDE_WORKER, Event, rank_of
 
@@ -80,6 +81,13 @@ def to_record(entry: Entry) -> Record:
     event = entry.event
     rank = rank_of(event)
     return Record(entry.seq, event.kind, event_payload(event), entry.step, rank, entry.ts)
+
+
+def to_row(entry: Entry) -> Row:
+    """:func:`to_record` as a plain row, what the journal writer appends (no Record built)."""
+    event = entry.event
+    rank = event.rank if event.side == SIDE_WORKER else None  # type: ignore[attr-defined]
+    return (entry.seq, event.kind, entry.step, rank, entry.ts, event_payload(event))
 
 
 def to_dict(entry: Entry) -> dict[str, Any]:

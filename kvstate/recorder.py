@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from journal import Journal, JournalWriter
 
-from .codec import Entry, to_record
+from .codec import Entry, to_row
 from .events import EVENT_TYPES, JournalOpened
 from .events import Event as _Event
 
@@ -95,7 +95,7 @@ class Recorder:
             journal.close()
             raise FileExistsError(f"{os.fspath(path)}: journal already has records")
         journal.create_views(journal_views())
-        writer: JournalWriter[Entry] = JournalWriter(journal, to_record, background=background)
+        writer: JournalWriter[Entry] = JournalWriter(journal, to_row, background=background)
         header = JournalOpened(
             version=1,
             block_size=block_size,
