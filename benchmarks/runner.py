@@ -5,8 +5,11 @@ rate against a ceiling measured on the same machine a moment before (a raw
 SQLite ``executemany`` of the same rows, a scan of the same table). Numbers
 from different runs are not compared; these 2-core machines are noisy.
 
-Rows not measured here yet are listed with ``"measured": null``; the
-engine-step ratio in a real vLLM engine is ``benchmarks/bench_vllm_step.py``.
+Peak memory is the resident set of a separate process that does only the
+measured thing (``ru_maxrss``), so the runner's own memory never counts.
+Journals are generated deterministically: clean ones by whole store-job
+lifecycles through the ledgers (``benchmarks/bench_hot_path.py``), the legacy
+one by ``kvstate run --policy legacy --requests N``.
 """
 
 from __future__ import annotations
@@ -24,13 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import msgpack
 
 from benchmarks.bench_hot_path import BLOCK, WORLD, lifecycle
+from benchmarks.bench_inspector import KEYS
 from journal import Journal, atomic_output
-from kvstate import Recorder
+from kvstate import Recorder, SchedulerLedger
 from kvstate.codec import to_record
 from kvstate.events import JournalOpened
-from replay import replay
+
+ROOT = Path(__file__).resolve().parent.parent
+#: records one lifecycle of bench_hot_path writes (a job on two ranks, its request)
+RECORDS_PER_JOB = 24
 
 
 @attrs.frozen
@@ -46,20 +54,96 @@ class Row:
     note: str = ""
 
 
+def _row(name: str, measured: float, unit: str, target: float, *, at_least: bool = False,
+         note: str = "", shown: str | None = None) -> Row:  # fmt: skip
+    """A row whose ratio is measured/target (or target/measured for ``at_least``):
+    above 1 is short of the target by that factor."""
+    ratio = target / measured if at_least else measured / target
+    bound = ">=" if at_least else "<="
+    return Row(
+        name, measured, unit, shown or f"{bound} {target:,g} {unit}", ratio, ratio <= 1, note
+    )
+
+
 @attrs.frozen
 class Sizes:
-    jobs: int  # lifecycles for the caller-side rows (about 21 records each)
-    replay_jobs: tuple[int, ...]  # journals replayed for rate and memory
+    jobs: int  # lifecycles for the caller-side rows
+    replay_records: tuple[int, ...]  # clean journals replayed for rate and memory
+    legacy_requests: int  # the legacy journal (violations) for memory and the inspector
+    running: tuple[int, ...]  # running requests per step, for the step overhead
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
-        return cls(200, (200, 1000)) if quick else cls(20_000, (10_000, 50_000))
+        if quick:
+            return cls(200, (1_000, 5_000, 24_000), 100, (64, 256))
+        return cls(
+            20_000,
+            (1_000, 10_000, 100_000, 1_000_000, 5_000_000),
+            24_000,
+            (64, 256, 1024, 4096),
+        )
 
 
 def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
     t0 = time.perf_counter()
     out = call()
     return time.perf_counter() - t0, out
+
+
+def _child(code: str, *args: str, timeout: float = 3600) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter; its last stdout line is a JSON object,
+    to which the child's peak resident memory (MB) is added.
+
+    The peak is ``VmHWM`` of the child's own address space: ``ru_maxrss``
+    would also count the parent's pages it was spawned with (Linux keeps the
+    larger of the two across exec), i.e. the runner's memory.
+    """
+    wrapped = (
+        "import json, sys\n"
+        f"{code}\n"
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')]\n"
+        "out['peak_mb'] = int(hwm[0].split()[1]) / 1024\n"
+        "print(json.dumps(out))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", wrapped, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        check=False,
+    )
+    lines = done.stdout.strip().splitlines()
+    if not lines or not lines[-1].startswith("{"):
+        raise RuntimeError(f"benchmark child failed ({done.returncode}): {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+# -- journals ---------------------------------------------------------------------------
+
+
+def clean_journal(path: str, records: int) -> int:
+    """A clean journal of about ``records`` records (whole lifecycles); returns the count."""
+    rec = Recorder.open(path, block_size=BLOCK, world_size=WORLD)
+    written = lifecycle(rec, max(1, records // RECORDS_PER_JOB))
+    rec.close()
+    return written
+
+
+def legacy_journal(path: str, requests: int) -> int:
+    """A journal full of violations: the simulator under the legacy connector."""
+    cli = "from replay.cli import main; raise SystemExit(main())"
+    subprocess.run(
+        [sys.executable, "-c", cli, "run", "--policy", "legacy", "--requests", str(requests),
+         "--journal", path],
+        capture_output=True, cwd=ROOT, timeout=3600, check=False,
+    )  # fmt: skip  # exit 1: the run has violations, as it should
+    with Journal(path, readonly=True) as journal:
+        return len(journal)
+
+
+# -- the caller's side -----------------------------------------------------------------
 
 
 def caller_rows(jobs: int) -> list[Row]:
@@ -72,30 +156,9 @@ def caller_rows(jobs: int) -> list[Row]:
     per_memory = memory_s / events * 1e9
     per_journal = journal_s / events * 1e9
     return [
-        Row(
-            "caller cost per recorded event, in memory",
-            per_memory,
-            "ns",
-            "<= 1000 ns",
-            per_memory / 1000,
-            per_memory <= 1000,
-        ),
-        Row(
-            "caller cost per recorded event, journal on",
-            per_journal,
-            "ns",
-            "<= 2000 ns",
-            per_journal / 2000,
-            per_journal <= 2000,
-        ),
-        Row(
-            "journal on / in memory, same run",
-            per_journal / per_memory,
-            "x",
-            "<= 1.2",
-            per_journal / per_memory / 1.2,
-            per_journal / per_memory <= 1.2,
-        ),
+        _row("caller cost per recorded event, in memory", per_memory, "ns", 1000),
+        _row("caller cost per recorded event, journal on", per_journal, "ns", 2000),
+        _row("journal on / in memory, same run", per_journal / per_memory, "x", 1.2),
     ]
 
 
@@ -106,11 +169,9 @@ def writer_row(jobs: int) -> Row:
     entries = rec.entries or []
     with tempfile.TemporaryDirectory() as tmp:
         journal = Journal(os.path.join(tmp, "w.db"))
+        records = [to_record(e) for e in entries]
         ours_s, _ = _timed(
-            lambda: [
-                journal.append([to_record(e) for e in entries[i : i + 4096]])
-                for i in range(0, len(entries), 4096)
-            ]
+            lambda: [journal.append(records[i : i + 4096]) for i in range(0, len(records), 4096)]
         )
         rows = list(
             journal._conn.execute(  # the very rows our writer produced
@@ -133,104 +194,145 @@ def writer_row(jobs: int) -> Row:
         raw_s, _ = _timed(insert)
         raw.close()
     ratio = raw_s / ours_s  # our throughput as a fraction of the raw one
-    return Row(
+    return _row(
         "writer append vs raw sqlite3 executemany",
-        len(entries) / ours_s,
-        "records/s",
-        ">= 0.8 x raw",
-        ratio / 0.8,
-        ratio >= 0.8,
-        f"raw {len(rows) / raw_s:,.0f} records/s",
+        ratio,
+        "x raw",
+        0.8,
+        at_least=True,
+        note=f"ours {len(entries) / ours_s:,.0f} records/s, raw {len(rows) / raw_s:,.0f}",
     )
 
 
-def _scan_rate(path: str) -> float:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    t, n = _timed(
-        lambda: sum(1 for _ in conn.execute("SELECT seq, kind, step, rank, payload FROM records"))
-    )
-    conn.close()
-    return n / t
-
-
-def _peak_rss_mb(path: str) -> float:
-    """Peak resident memory of ``kvstate replay PATH`` in its own process."""
-    code = (
-        "import resource, sys\n"
-        "from replay import replay\n"
-        "replay([sys.argv[1]])\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, path], capture_output=True, text=True, check=True
-    )
-    return int(out.stdout.strip()) / 1024  # ru_maxrss is in KiB on Linux
-
-
-def replay_rows(sizes: tuple[int, ...]) -> tuple[list[Row], list[dict[str, float]]]:
-    points = []
+def step_overhead(running: int, steps: int = 6) -> float:
+    """Microseconds the scheduler ledger (journal on) adds to one engine step with
+    ``running`` requests, each appending a block and enqueueing a save."""
     with tempfile.TemporaryDirectory() as tmp:
-        for jobs in sizes:
-            path = os.path.join(tmp, f"r{jobs}.db")
-            rec = Recorder.open(path, block_size=BLOCK, world_size=WORLD)
-            records = lifecycle(rec, jobs)
-            rec.close()
-            seconds, result = _timed(lambda p=path: replay([p]))
-            points.append(
-                {
-                    "records": records,
-                    "seconds": seconds,
-                    "rate": records / seconds,
-                    "scan_rate": _scan_rate(path),
-                    "peak_mb": _peak_rss_mb(path),
-                    "violations": len(result.violations),
-                }
-            )
+        rec = Recorder.open(os.path.join(tmp, "s.db"), block_size=BLOCK, world_size=1)
+        sched = SchedulerLedger(rec, strict=False)
+        reqs = [f"r{i}" for i in range(running)]
+        for i, req in enumerate(reqs):
+            sched.admit(req, BLOCK)
+            sched.assign_blocks(req, [i], resumed=False)
+        block = running
+        t0 = time.perf_counter()
+        for step in range(steps):
+            sched.begin_step()
+            for i, req in enumerate(reqs):
+                sched.assign_blocks(req, [block], resumed=False)
+                block += 1
+                start = (step + 1) * BLOCK
+                sched.enqueue_store_job(req, start, start + BLOCK, [f"k{i}:{step}"])
+        sched.begin_step()  # commits the last step
+        took = time.perf_counter() - t0
+        rec.close()
+    return took / steps * 1e6
+
+
+# -- replay and the offline tools -------------------------------------------------------
+
+_REPLAY = (
+    "import time\nfrom replay import replay\n"
+    "t = time.perf_counter(); r = replay([sys.argv[1]]); s = time.perf_counter() - t\n"
+    "out = {'seconds': s, 'records': r.events, 'violations': len(r.violations)}"
+)
+_CLI = (
+    "import contextlib, io, time\nfrom replay.cli import main\n"
+    "t = time.perf_counter()\n"
+    "with contextlib.redirect_stdout(io.StringIO()): status = main(sys.argv[1:])\n"
+    "out = {'seconds': time.perf_counter() - t, 'status': status}"
+)
+_INSPECT = (
+    "from benchmarks.bench_inspector import measure\n"
+    "out = measure(sys.argv[1], keys=int(sys.argv[2]))"
+)
+
+
+def ceilings(path: str) -> dict[str, float]:
+    """Records per second of a raw SQLite scan of the journal, and of scan plus msgpack."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    query = "SELECT seq, kind, step, rank, payload FROM records"
+    scan_s, n = _timed(lambda: sum(1 for _ in conn.execute(query)))
+    unpack = msgpack.unpackb
+    decode_s, _ = _timed(lambda: sum(1 for row in conn.execute(query) if unpack(row[4])))
+    conn.close()
+    return {"scan": n / scan_s, "scan_decode": n / decode_s}
+
+
+def replay_points(records: tuple[int, ...], tmp: str) -> tuple[list[dict[str, Any]], str]:
+    """Replay rate and peak memory of clean journals of each length; the last path."""
+    points = []
+    path = ""
+    for n in records:
+        path = os.path.join(tmp, f"clean-{n}.db")
+        written = clean_journal(path, n)
+        got = _child(_REPLAY, path)
+        points.append({**got, "records": written, "rate": written / got["seconds"]})
+        if n != records[-1]:
+            os.remove(path)
+    return points, path
+
+
+def replay_rows(points: list[dict[str, Any]], ceiling: dict[str, float]) -> list[Row]:
     last = points[-1]
-    flat = max(p["peak_mb"] for p in points) / min(p["peak_mb"] for p in points)
-    rows = [
-        Row(
+    big = [p for p in points if p["records"] >= 1_000_000] or points[-2:]
+    flat = max(p["peak_mb"] for p in big) / min(p["peak_mb"] for p in big)
+    span = f"{big[0]['records']:,} to {big[-1]['records']:,} records"
+    return [
+        _row(
             f"replay rate, {last['records']:,} records",
             last["rate"],
             "records/s",
-            ">= 500,000 records/s",
-            last["rate"] / 500_000,
-            last["rate"] >= 500_000,
-            f"SQLite scan ceiling {last['scan_rate']:,.0f} records/s "
-            f"({last['rate'] / last['scan_rate']:.2f} of it)",
+            500_000,
+            at_least=True,
+            note=f"ceilings on this journal: SQLite scan {ceiling['scan']:,.0f}/s, scan + "
+            f"msgpack {ceiling['scan_decode']:,.0f}/s",
         ),
-        Row(
+        _row(
             f"replay peak memory, {last['records']:,} records",
-            last["peak_mb"],
+            max(p["peak_mb"] for p in big),
             "MB",
-            "<= 300 MB",
-            last["peak_mb"] / 300,
-            last["peak_mb"] <= 300,
-            f"{flat:.2f}x from {points[0]['records']:,} records (flat is 1.0)",
+            300,
+            note=f"{flat:.2f}x from {span} (flat is 1.00)",
         ),
     ]
-    return rows, points
 
 
-NOT_YET = [
-    Row(
-        "export --format perfetto / inspect --once at 5M records",
-        None,
-        "MB",
-        "<= 500 MB",
-        None,
-        None,
-        "not measured by the runner yet",
-    ),
-    Row(
-        "kvstate inspect per key at 1M records",
-        None,
-        "ms",
-        "<= 200 ms",
-        None,
-        None,
-        "not measured by the runner yet",
-    ),
+def tool_rows(
+    clean: str, legacy: str, legacy_records: int, out: str, keys: int
+) -> tuple[list[Row], Any]:
+    """Export and --once memory on the longest clean journal, replay memory and the
+    inspector's per-key latency on the legacy one."""
+    with Journal(clean, readonly=True) as journal:
+        n = len(journal)
+    export = _child(_CLI, "export", "--format", "perfetto", clean, os.path.join(out, "t.json"))
+    os.remove(os.path.join(out, "t.json"))
+    once = _child(_CLI, "inspect", "--once", clean)
+    replayed = _child(_REPLAY, legacy)
+    inspector = _child(_INSPECT, legacy, str(keys))
+    keys = [t["max_ms"] for t in inspector["tabs"].values()]
+    medians = [t["median_ms"] for t in inspector["tabs"].values()]
+    slowest = max(inspector["tabs"].items(), key=lambda kv: kv[1]["max_ms"])
+    rows = [
+        _row(f"export --format perfetto, {n:,} records", export["peak_mb"], "MB", 500,
+             note=f"{export['seconds']:.0f} s"),
+        _row(f"inspect --once, {n:,} records", once["peak_mb"], "MB", 500,
+             note=f"{once['seconds']:.0f} s"),
+        _row(f"replay peak memory, legacy journal, {legacy_records:,} records",
+             replayed["peak_mb"], "MB", 300,
+             note=f"{replayed['violations']:,} violations, {replayed['seconds']:.0f} s"),
+        _row(f"kvstate inspect, slowest key, legacy journal of {legacy_records:,} records",
+             max(keys), "ms", 200,
+             note=f"median per tab {min(medians):.0f}-{max(medians):.0f} ms; slowest "
+             f"'{slowest[1]['slowest_key']}' on {slowest[0]}; index built in "
+             f"{inspector['index_s']:.0f} s; peak {inspector['peak_mb']:.0f} MB"),
+        _row(f"kvstate inspect memory, legacy journal of {legacy_records:,} records",
+             inspector["peak_mb"], "MB", 500),
+    ]  # fmt: skip
+    return rows, inspector
+
+
+NOT_MEASURED = [
     Row(
         "engine step, ledger on / off (real vLLM)",
         None,
@@ -238,7 +340,7 @@ NOT_YET = [
         "<= 1.02",
         None,
         None,
-        "benchmarks/bench_vllm_step.py (docs/vllm.md)",
+        "python benchmarks/bench_vllm_step.py (needs the vLLM venvs; docs/vllm.md)",
     ),
     Row(
         "kvstate demo throughput, ledger on / off",
@@ -247,7 +349,8 @@ NOT_YET = [
         ">= 0.95",
         None,
         None,
-        "not measured by the runner yet",
+        "not measured: the demo's connector decides with its ledger, there is no "
+        "ledgerless run of the same work",
     ),
 ]
 
@@ -256,13 +359,25 @@ def run(quick: bool) -> dict[str, Any]:
     sizes = Sizes.of(quick)
     rows = caller_rows(sizes.jobs)
     rows.append(writer_row(sizes.jobs))
-    replayed, points = replay_rows(sizes.replay_jobs)
-    rows += replayed + NOT_YET
+    steps = [{"running": n, "us_per_step": step_overhead(n)} for n in sizes.running]
+    with tempfile.TemporaryDirectory() as tmp:
+        points, longest = replay_points(sizes.replay_records, tmp)
+        ceiling = ceilings(longest)
+        rows += replay_rows(points, ceiling)
+        legacy = os.path.join(tmp, "legacy.db")
+        legacy_records = legacy_journal(legacy, sizes.legacy_requests)
+        keys = 2 if quick else len(KEYS)
+        tools, inspector = tool_rows(longest, legacy, legacy_records, tmp, keys)
+        rows += tools
+    rows += NOT_MEASURED
     return {
         "quick": quick,
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "rows": [attrs.asdict(r) for r in rows],
         "replay_points": points,
+        "ceilings": ceiling,
+        "step_overhead": steps,
+        "inspector": inspector,
         "self_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -279,7 +394,56 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"| {r['name']} | {measured} | {r['target']} | {ratio} | {met} | {r['note']} |"
         )
+    lines += [
+        "",
+        "| running requests | µs per step (journal on) | µs per request |",
+        "|---|---|---|",
+    ]
+    for s in report["step_overhead"]:
+        per = s["us_per_step"] / s["running"]
+        lines.append(f"| {s['running']:,} | {s['us_per_step']:,.0f} | {per:.1f} |")
+    lines += ["", "| replayed records | seconds | records/s | peak MB |", "|---|---|---|---|"]
+    for p in report["replay_points"]:
+        lines.append(
+            f"| {p['records']:,} | {p['seconds']:.2f} | {p['rate']:,.0f} | {p['peak_mb']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
+
+
+def plots(report: dict[str, Any], out: Path, *, force: bool) -> list[Path]:
+    """PNGs of replay time and peak memory against journal length, and of the
+    per-step overhead against running requests (none without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    points = report["replay_points"]
+    records = [p["records"] for p in points]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.loglog(records, [p["seconds"] for p in points], "o-")
+    left.set(xlabel="journal records", ylabel="replay seconds", title="replay time")
+    right.semilogx(records, [p["peak_mb"] for p in points], "o-")
+    right.axhline(300, color="red", linestyle="--", label="target 300 MB")
+    right.set(xlabel="journal records", ylabel="peak MB", title="replay peak memory")
+    right.set_ylim(bottom=0)
+    right.legend()
+    fig.tight_layout()
+    steps = report["step_overhead"]
+    fig2, ax = plt.subplots(figsize=(5, 4))
+    ax.loglog([s["running"] for s in steps], [s["us_per_step"] for s in steps], "o-")
+    ax.set(xlabel="running requests", ylabel="µs per step", title="ledger cost per engine step")
+    fig2.tight_layout()
+    written = []
+    for name, figure in (("replay.png", fig), ("step.png", fig2)):
+        path = out / name
+        with atomic_output(str(path), force=force) as tmp:
+            figure.savefig(tmp, format="png", dpi=100)
+        written.append(path)
+        plt.close(figure)
+    return written
 
 
 def write(report: dict[str, Any], out: Path, *, force: bool) -> list[Path]:
@@ -293,4 +457,4 @@ def write(report: dict[str, Any], out: Path, *, force: bool) -> list[Path]:
         with atomic_output(str(path), force=force) as tmp:
             Path(tmp).write_text(text)
         written.append(path)
-    return written
+    return written + plots(report, out, force=force)

@@ -35,6 +35,12 @@ def test_quick_run_measures_every_row_against_its_target(tmp_path: Path) -> None
     table = (tmp_path / "bench.md").read_text()
     assert all(name in table for name in rows)
     assert "| caller cost per recorded event, in memory |" in done.stdout
+    # Memory is the measured process's own (not the runner's): tiny journals, small peaks.
+    assert all(0 < p["peak_mb"] < 200 for p in report["replay_points"])
+    # The plots: replay time and memory against length, step cost against batch size.
+    for name in ("replay.png", "step.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [s["running"] for s in report["step_overhead"]] == [64, 256]
 
 
 def test_results_are_never_overwritten_without_force(tmp_path: Path) -> None:
