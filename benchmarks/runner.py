@@ -267,7 +267,7 @@ def replay_points(records: tuple[int, ...], tmp: str) -> tuple[list[dict[str, An
         path = os.path.join(tmp, f"clean-{n}.db")
         written = clean_journal(path, n)
         got = _child(_REPLAY, path)
-        points.append({**got, "records": written, "rate": written / got["seconds"]})
+        points.append({**got, "asked": n, "records": written, "rate": written / got["seconds"]})
         if n != records[-1]:
             os.remove(path)
     return points, path
@@ -275,7 +275,7 @@ def replay_points(records: tuple[int, ...], tmp: str) -> tuple[list[dict[str, An
 
 def replay_rows(points: list[dict[str, Any]], ceiling: dict[str, float]) -> list[Row]:
     last = points[-1]
-    big = [p for p in points if p["records"] >= 1_000_000] or points[-2:]
+    big = [p for p in points if p["asked"] >= 1_000_000] or points[-2:]
     flat = max(p["peak_mb"] for p in big) / min(p["peak_mb"] for p in big)
     span = f"{big[0]['records']:,} to {big[-1]['records']:,} records"
     return [

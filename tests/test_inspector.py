@@ -438,3 +438,23 @@ def test_q_quits_and_stops_both_threads(tmp_path: Path) -> None:
     assert not app.is_running
     assert app.folder is not None and not app.folder._thread.is_alive()
     assert app.tt._thread is not None and not app.tt._thread.is_alive()
+
+
+def test_next_and_previous_violation_work_on_a_partial_index(tmp_path: Path) -> None:
+    db = tmp_path / "legacy.db"
+    assert main(["run", "--policy", "legacy", "--requests", "40", "--journal", str(db)]) == 1
+    travel = TimeTravel(str(db))
+    travel.index(limit=travel.last_seq // 2)
+    assert not travel.indexed
+    found = list(travel.violations)
+    assert found, "the first half has violations"
+    assert travel.next_violation(0) == found[0]
+    assert travel.next_violation(found[-1].seq) is None  # nothing found past it yet
+    assert travel.previous_violation(found[-1].seq + 1) == found[-1]
+    codes = travel.codes()
+    assert sum(n for _, n, _ in codes) == len(found)
+    travel.index()
+    assert travel.indexed and len(travel.violations) >= len(found)
+    later = travel.next_violation(found[-1].seq)
+    assert later is None or later.seq > found[-1].seq
+    travel.stop()

@@ -298,10 +298,14 @@ class Inspector(App[None]):
         self.go(self.tt.step_start(self.cursor, direction))
 
     def action_violation(self, direction: int) -> None:
+        """n / p: works while the index is still reading, on what it has found so far."""
         find = self.tt.next_violation if direction > 0 else self.tt.previous_violation
         found = find(self.cursor)
         if found is None:
-            self.notify("no further violation" if direction > 0 else "no earlier violation")
+            message = "no further violation" if direction > 0 else "no earlier violation"
+            if not self.tt.indexed:
+                message += f" found yet (indexed {self.tt.indexed_seq} of {self.tt.last_seq})"
+            self.notify(message)
             return
         self.go(found.seq)
         self.action_tab("violations")
