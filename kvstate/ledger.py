@@ -751,6 +751,22 @@ class Ledger:
 
     # -- parking settled state (see kvstate.archive) -------------------------------------
 
+    def request(self, req: str) -> RequestState | None:
+        """The state of ``req``, brought back first if it was parked (for callers
+        outside the fold: a connector's questions about a request)."""
+        request = self.requests.get(req)
+        if request is None and self.parks:
+            self._unpark_request(req)
+            request = self.requests.get(req)
+        return request
+
+    def job(self, job_id: int) -> StoreJobState | None:
+        """The state of job ``job_id``, brought back first if it was parked."""
+        job = self.jobs.get(job_id)
+        if job is None and self.parks:
+            job = self._unpark_job(job_id)
+        return job
+
     def _unpark_named(self, event: ev.Event) -> None:
         """Bring back, before the fold reads it, whatever this record names.
 
@@ -792,8 +808,9 @@ class Ledger:
 
         Settled means no end-of-run check could flag it (engine_idle skips
         parked state): a job with no pins held and every rank of its world
-        having received and reported it; a request none of whose incarnations
-        holds blocks. Anything else is looked at again later.
+        having received and reported it (for a live scheduler, which sees no
+        rank records: every completion received); a request none of whose
+        incarnations holds blocks. Anything else is looked at again later.
         """
         self._sweep(self._named_jobs, self._job_settled, self._park_job)
         self._sweep(self._named_requests, self._request_settled, self._park_request)
@@ -825,7 +842,13 @@ class Ledger:
         job = self.jobs.get(job_id)
         if job is None:
             return None
-        if job_id in self.pinned or len(job.ranks) < job.world_size:
+        if job_id in self.pinned:
+            return False
+        if not self.observes_workers:
+            # A live scheduler sees no rank records: its job is done once every
+            # completion arrived (and no pin is held).
+            return job.completions >= job.world_size
+        if len(job.ranks) < job.world_size:
             return False
         for rl in self.ranks.values():
             rj = rl.jobs.get(job_id)

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import NoReturn
 
 from . import events as ev
+from .archive import Archive
 from .errors import UnknownJobError, UnknownRequestError
 from .ledger import Ledger
 from .recorder import Recorder
@@ -40,7 +41,10 @@ class SchedulerLedger:
     def __init__(self, recorder: Recorder, *, strict: bool = True) -> None:
         self.recorder = recorder
         self.strict = strict
-        self.ledger = Ledger(observes_workers=False)
+        # Settled jobs and requests are parked (kvstate.archive), so a ledger
+        # that lives as long as the engine keeps what is live, plus a packed
+        # few hundred bytes per finished job.
+        self.ledger = Ledger(observes_workers=False, archive=Archive())
         header = recorder.header
         self.ledger.apply(header.seq, header.step, header.event)
         self.block_size = self.ledger.block_size
@@ -69,7 +73,7 @@ class SchedulerLedger:
         raise error
 
     def _request(self, req: str, hook: str) -> RequestState:
-        request = self.ledger.requests.get(req)
+        request = self.ledger.request(req)
         if request is None:
             self._fail(UnknownRequestError(req, hook))
         return request
@@ -87,7 +91,7 @@ class SchedulerLedger:
         return self._request(req, hook).newest_gen
 
     def _next_gen(self, req: str) -> int:
-        request = self.ledger.requests.get(req)
+        request = self.ledger.request(req)
         return 0 if request is None else request.newest_gen + 1
 
     def admit(self, req: str, prompt_tokens: int, hashes: Sequence[str] | None = None) -> int:
@@ -224,7 +228,7 @@ class SchedulerLedger:
 
     def job(self, job: int) -> StoreJobState:
         """The folded state of one job."""
-        state = self.ledger.jobs.get(job)
+        state = self.ledger.job(job)
         if state is None:
             self._fail(UnknownJobError(job, "job"))
         return state
@@ -286,7 +290,7 @@ class SchedulerLedger:
 
     def _job_table(self, req: str) -> list[int]:
         """The table a new job reads: the engine's current one, whatever this step allocated."""
-        return self.ledger.requests[req].current.table
+        return self._request(req, "enqueue_store_job").current.table
 
     def _job_pins(self, cow_blocks: Sequence[int], table: Sequence[int]) -> tuple[int, ...]:
         """Every block the job may read, copy-on-write tail blocks first."""

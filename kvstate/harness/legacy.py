@@ -116,7 +116,7 @@ class LegacySchedulerLedger(SchedulerLedger):
 
     def finished_sending(self, req: str) -> None:
         """The worker reported ``req`` done: the delayed free finally happens."""
-        incarnations = self.ledger.requests[req].incarnations
+        incarnations = self._request(req, "finished_sending").incarnations
         for gen, inc in sorted(incarnations.items()):
             if inc.held:
                 self.release_held(req, gen)
