@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
 
 from journal import RecordError
 from kvstate.archive import Archive
+from kvstate.codec import Entry
 from kvstate.ledger import Ledger
 from kvstate.violations import Code, Violation
 
@@ -86,6 +88,22 @@ class ReplayResult:
 PROGRESS_EVERY = 16384
 
 
+def folding(items: Iterable[Located], ledger: Ledger) -> Iterator[tuple[Entry, list[Violation]]]:
+    """Fold each record into ``ledger`` as it is read; yields it with its findings.
+
+    The one loop every reader that judges a journal shares (replay, export,
+    ``inspect --once``): unusable input raises :class:`journal.RecordError`
+    naming the file and line or seq it was read from.
+    """
+    for item in items:
+        entry = item.entry
+        try:
+            found = ledger.apply(entry.seq, entry.step, entry.event)
+        except RecordError as exc:
+            raise exc.located(path=item.path, line=item.line, seq=item.seq) from None
+        yield entry, found
+
+
 def fold_located(
     items: Iterable[Located],
     *,
@@ -105,16 +123,11 @@ def fold_located(
     violations: list[Violation] = []
     warnings: list[Violation] = []
     events = 0
-    for item in items:
+    if at is not None:
+        items = itertools.takewhile(lambda item: item.entry.seq <= at, items)
+    for _entry, found in folding(items, ledger):
         if progress is not None and events % PROGRESS_EVERY == 0:
             progress(events)
-        entry = item.entry
-        if at is not None and entry.seq > at:
-            break
-        try:
-            found = ledger.apply(entry.seq, entry.step, entry.event)
-        except RecordError as exc:
-            raise exc.located(path=item.path, line=item.line, seq=item.seq) from None
         events += 1
         for v in found:
             (warnings if v.is_warning else violations).append(v)

@@ -21,11 +21,11 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from journal import RecordError
 from kvstate import events as ev
 from kvstate.codec import Entry
 from kvstate.ledger import Ledger
 
+from .engine import folding
 from .explain import describe
 from .sources import open_stream
 from .spill import SpillArchive
@@ -177,12 +177,7 @@ def write_perfetto(paths: Sequence[str], out: TextIO) -> tuple[int, str]:
     trace = _Trace(write)
     ledger = Ledger(archive=SpillArchive())
     violations = 0
-    for item in stream:
-        entry = item.entry
-        try:
-            found = ledger.apply(entry.seq, entry.step, entry.event)
-        except RecordError as exc:
-            raise exc.located(path=item.path, line=item.line, seq=item.seq) from None
+    for entry, found in folding(stream, ledger):
         violations += sum(1 for v in found if not v.is_warning)
         trace.feed(entry, found)
     end = ledger.end()

@@ -16,9 +16,9 @@ import attrs
 from rich.console import Console
 from rich.text import Text
 
-from journal import RecordError
 from kvstate.ledger import Ledger
 from kvstate.violations import CODE_ORDER, Code
+from replay.engine import folding
 from replay.report import emit
 from replay.safe import printable
 from replay.sources import open_stream
@@ -57,12 +57,7 @@ def index_once(paths: Sequence[str]) -> OnceIndex:
     spool = ViolationSpool()
     counted: dict[Code, list[int]] = {}
     last = 0
-    for item in stream:
-        entry = item.entry
-        try:
-            found = ledger.apply(entry.seq, entry.step, entry.event)
-        except RecordError as exc:
-            raise exc.located(path=item.path, line=item.line, seq=item.seq) from None
+    for entry, found in folding(stream, ledger):
         kinds[entry.event.kind] += 1
         last = entry.seq
         for v in found:
