@@ -10,17 +10,63 @@ Writes are buffered and inserted in batches; a read first flushes what is
 pending, so every answer is as if each write had gone straight in. Reads are
 rare by design: a parked entity is read back only when a late record names
 it, a key only when an audit record does.
+
+An incident tool must survive the incident, a full disk included: when the
+temporary database cannot be written, what has not been written stays in
+memory and everything after it goes there too (the archive becomes the
+in-memory one it extends); only if what was already written cannot be read
+back does replay stop, with :class:`journal.JournalError` (exit status 2).
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from typing import Any
 
+from journal import JournalError
 from kvstate.archive import Archive, Key
 
 #: buffered writes per batch
 _BATCH = 4096
+
+
+def _open(schema: str) -> sqlite3.Connection | None:
+    """A private temporary database ("" in SQLite: on disk, deleted on close)."""
+    try:
+        db = sqlite3.connect("", isolation_level=None, check_same_thread=False)
+        # MEMORY, not OFF: a batch the full disk refuses must roll back cleanly.
+        db.executescript("PRAGMA journal_mode = MEMORY; PRAGMA synchronous = OFF;" + schema)
+    except sqlite3.Error:
+        return None
+    return db
+
+
+def _insert(db: sqlite3.Connection | None, sql: str, rows: list[Any]) -> bool:
+    """Insert a batch; False when the temporary database cannot take it."""
+    if db is None:
+        return False
+    try:
+        db.execute("BEGIN")
+        db.executemany(sql, rows)
+        db.execute("COMMIT")
+    except sqlite3.Error:
+        try:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        return False
+    return True
+
+
+def _read(db: sqlite3.Connection | None, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+    if db is None:
+        return []
+    try:
+        return db.execute(sql, args).fetchall()
+    except sqlite3.Error as exc:
+        raise JournalError(f"replay's temporary storage cannot be read back: {exc}") from exc
 
 
 class SpillArchive(Archive):
@@ -28,24 +74,24 @@ class SpillArchive(Archive):
 
     def __init__(self) -> None:
         super().__init__()
-        # "" is SQLite's private temporary database: on disk, deleted on close.
-        self._db = sqlite3.connect("", isolation_level=None, check_same_thread=False)
-        self._db.executescript(
-            """
-            PRAGMA journal_mode = OFF;
-            PRAGMA synchronous = OFF;
-            CREATE TABLE entities (kind TEXT, name, blob BLOB, PRIMARY KEY (kind, name));
-            CREATE TABLE key_writes (key TEXT, seq INTEGER, job INTEGER);
-            CREATE INDEX key_writes_by_key ON key_writes (key);
-            """
+        self._db = _open(
+            "CREATE TABLE entities (kind TEXT, name, blob BLOB, PRIMARY KEY (kind, name));"
+            "CREATE TABLE key_writes (key TEXT, seq INTEGER, job INTEGER);"
+            "CREATE INDEX key_writes_by_key ON key_writes (key);"
         )
+        #: the temporary database failed: new state stays in memory (the base class)
+        self.in_memory = self._db is None
         self._puts: dict[Key, bytes] = {}
         self._writes: list[tuple[str, int, int]] = []
-        self._count = 0
+        #: taken back, but the database could not delete them
+        self._dead: set[Key] = set()
 
     # -- entities --------------------------------------------------------------------
 
     def put(self, key: Key, blob: bytes) -> None:
+        if self.in_memory:
+            super().put(key, blob)
+            return
         self._puts[key] = blob
         self._count += 1
         if len(self._puts) >= _BATCH:
@@ -53,24 +99,33 @@ class SpillArchive(Archive):
 
     def take(self, key: Key) -> bytes | None:
         blob = self._puts.pop(key, None)
-        if blob is not None:
+        if blob is None:
+            blob = super().take(key)  # counts itself
+            if blob is not None:
+                return blob
+        else:
             self._count -= 1
             return blob
-        kind, name = key
-        row = self._db.execute(
-            "SELECT blob FROM entities WHERE kind = ? AND name = ?", (kind, name)
-        ).fetchone()
-        if row is None:
+        if key in self._dead:
             return None
-        self._db.execute("DELETE FROM entities WHERE kind = ? AND name = ?", (kind, name))
+        kind, name = key
+        found = "SELECT blob FROM entities WHERE kind = ? AND name = ?"
+        rows = _read(self._db, found, (kind, name))
+        if not rows:
+            return None
+        if not _insert(self._db, "DELETE FROM entities WHERE kind = ? AND name = ?", [key]):
+            self._dead.add(key)  # taken, though the full disk still holds it
         self._count -= 1
-        return bytes(row[0])
+        return bytes(rows[0][0])
 
     def keys(self) -> Iterator[Key]:
         self._flush_puts()
-        return iter([(kind, name) for kind, name in self._db.execute(
-            "SELECT kind, name FROM entities"
-        )])  # fmt: skip
+        stored = [
+            (kind, name)
+            for kind, name in _read(self._db, "SELECT kind, name FROM entities")
+            if (kind, name) not in self._dead
+        ]
+        return iter([*stored, *super().keys()])
 
     def __len__(self) -> int:
         return self._count
@@ -79,29 +134,41 @@ class SpillArchive(Archive):
         if not self._puts:
             return
         rows = [(kind, name, blob) for (kind, name), blob in self._puts.items()]
+        if _insert(self._db, "INSERT INTO entities VALUES (?, ?, ?)", rows):
+            self._puts.clear()
+            return
+        # Counted already: moved to memory as they are.
+        self.in_memory = True
+        self._top.own.update(self._puts)
         self._puts.clear()
-        self._db.execute("BEGIN")
-        self._db.executemany("INSERT INTO entities VALUES (?, ?, ?)", rows)
-        self._db.execute("COMMIT")
 
     # -- the key log -----------------------------------------------------------------
 
     def key_written(self, key: str, seq: int, job: int) -> None:
+        if self.in_memory:
+            super().key_written(key, seq, job)
+            return
         self._writes.append((key, seq, job))
         if len(self._writes) >= _BATCH:
             self._flush_writes()
 
     def key_writers(self, key: str, before: int) -> tuple[tuple[int, ...], int | None]:
         self._flush_writes()
-        rows = self._db.execute(
+        rows = _read(
+            self._db,
             "SELECT seq, job FROM key_writes WHERE key = ? AND seq < ? ORDER BY rowid",
             (key, before),
-        ).fetchall()
-        return tuple(seq for seq, _ in rows), (rows[0][1] if rows else None)
+        )
+        # Writes that went to memory came after every write on disk.
+        later, first_later = super().key_writers(key, before)
+        if not rows:
+            return later, first_later
+        return (*(seq for seq, _ in rows), *later), rows[0][1]
 
     def key_log(self, upto: int) -> dict[str, tuple[tuple[int, ...], int | None]]:
         self._flush_writes()
-        keys = [k for (k,) in self._db.execute("SELECT DISTINCT key FROM key_writes")]
+        keys = {k for (k,) in _read(self._db, "SELECT DISTINCT key FROM key_writes")}
+        keys.update(self._log.writers)
         found = {key: self.key_writers(key, upto + 1) for key in keys}
         return {key: w for key, w in found.items() if w[0]}
 
@@ -109,29 +176,34 @@ class SpillArchive(Archive):
         if not self._writes:
             return
         rows, self._writes = self._writes, []
-        self._db.execute("BEGIN")
-        self._db.executemany("INSERT INTO key_writes VALUES (?, ?, ?)", rows)
-        self._db.execute("COMMIT")
+        if not _insert(self._db, "INSERT INTO key_writes VALUES (?, ?, ?)", rows):
+            self.in_memory = True
+            for key, seq, job in rows:
+                super().key_written(key, seq, job)
 
     # -- copies ----------------------------------------------------------------------
 
     def copy(self) -> Archive:
         """An in-memory copy of everything (for ``whole()`` views, which hold it all anyway)."""
-        new = Archive()
-        for key in self.keys():
-            blob = self._db.execute(
-                "SELECT blob FROM entities WHERE kind = ? AND name = ?", key
-            ).fetchone()[0]
-            new.put(key, bytes(blob))
+        self._flush_puts()
         self._flush_writes()
-        writes = self._db.execute("SELECT key, seq, job FROM key_writes ORDER BY rowid")
-        for key, seq, job in writes:
+        new = super().copy()  # what is in memory, shared; counted with the rest
+        log, new._log = new._log, type(new._log)()
+        for kind, name, blob in _read(self._db, "SELECT kind, name, blob FROM entities"):
+            if (kind, name) not in self._dead:
+                new._top.own[(kind, name)] = bytes(blob)
+        # Writes on disk came first, then those kept in memory.
+        for key, seq, job in _read(self._db, "SELECT key, seq, job FROM key_writes ORDER BY rowid"):
             new.key_written(key, seq, job)
+        for key, seqs in log.writers.items():
+            for seq in seqs:
+                new.key_written(key, seq, log.first_job[key])
         return new
 
     def close(self) -> None:
         """Close the database; SQLite deletes its file."""
-        self._db.close()
+        if self._db is not None:
+            self._db.close()
 
 
 class ViolationSpool:
@@ -139,50 +211,51 @@ class ViolationSpool:
 
     Holds ``(seq, code, message)`` rows in a private temporary SQLite database
     (deleted when closed), so printing every violation of a journal full of
-    them costs no memory per violation.
+    them costs no memory per violation; if the database cannot be written,
+    the rest are kept in memory.
     """
 
     def __init__(self) -> None:
-        self._db = sqlite3.connect("", isolation_level=None, check_same_thread=False)
-        self._db.executescript(
-            "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;"
-            "CREATE TABLE found (seq INTEGER, code TEXT, message TEXT);"
-        )
+        self._db = _open("CREATE TABLE found (seq INTEGER, code TEXT, message TEXT);")
         self._pending: list[tuple[int, str, str]] = []
+        self._stuck = self._db is None
         self._count = 0
 
     def add(self, seq: int, code: str, message: str) -> None:
         self._pending.append((seq, code, message))
         self._count += 1
-        if len(self._pending) >= _BATCH:
+        if len(self._pending) >= _BATCH and not self._stuck:
             self._flush()
 
     def __len__(self) -> int:
         return self._count
 
     def __iter__(self) -> Iterator[tuple[int, str, str]]:
-        """Every row in the order added, read in pages."""
+        """Every row in the order added: those on disk in pages, then those in memory."""
         self._flush()
         last = 0
         while True:
-            page = self._db.execute(
+            page = _read(
+                self._db,
                 "SELECT rowid, seq, code, message FROM found WHERE rowid > ? ORDER BY rowid "
                 "LIMIT 4096",
                 (last,),
-            ).fetchall()
+            )
             if not page:
-                return
+                break
             for _rowid, seq, code, message in page:
                 yield seq, code, message
             last = page[-1][0]
+        yield from self._pending
 
     def _flush(self) -> None:
-        if not self._pending:
+        if not self._pending or self._stuck:
             return
-        rows, self._pending = self._pending, []
-        self._db.execute("BEGIN")
-        self._db.executemany("INSERT INTO found VALUES (?, ?, ?)", rows)
-        self._db.execute("COMMIT")
+        if _insert(self._db, "INSERT INTO found VALUES (?, ?, ?)", self._pending):
+            self._pending = []
+        else:
+            self._stuck = True
 
     def close(self) -> None:
-        self._db.close()
+        if self._db is not None:
+            self._db.close()

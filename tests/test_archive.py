@@ -170,3 +170,55 @@ def test_a_live_scheduler_that_parks_decides_the_same(tmp_path: Path, policy: st
     assert parked == kept and parked_summary == kept_summary
     assert len(kept) > 1000
     assert parked_count[0] == 0 and parked_count[1] > 0, parked_count  # it did park
+
+
+def fold_with(archive: Archive, items: list[Entry]) -> tuple[Ledger, list[dict[str, object]]]:
+    ledger = Ledger(archive=archive, park_after=1, sweep_every=1)
+    found = [v.to_dict() for e in items for v in ledger.apply(e.seq, e.step, e.event)]
+    return ledger, found + [v.to_dict() for v in ledger.end()]
+
+
+def test_the_spill_archive_folds_like_the_memory_one(tmp_path: Path) -> None:
+    from replay.spill import SpillArchive
+
+    path = tmp_path / "run.db"
+    simulate(SimConfig(requests=60, seed=6, policy="legacy"), journal=str(path))
+    items = list(entries([str(path)]))
+    keeping, _, _ = fold_both(items)
+    spill = SpillArchive()
+    spilled, found = fold_with(spill, items)
+    _, expected = fold_with(Archive(), items)
+    assert found == expected and spilled == keeping
+    assert not spill.in_memory and len(spill) > 0
+
+
+def test_a_full_disk_keeps_the_rest_in_memory_and_changes_nothing(tmp_path: Path) -> None:
+    """SQLITE_FULL part-way (the temporary database may not grow): what could not
+    be written stays in memory, and every finding is still the same."""
+    from replay.spill import SpillArchive
+
+    path = tmp_path / "run.db"
+    simulate(SimConfig(requests=60, seed=6, policy="legacy"), journal=str(path))
+    items = list(entries([str(path)]))
+    keeping, _, _ = fold_both(items)
+    _, expected = fold_with(Archive(), items)
+    spill = SpillArchive()
+    assert spill._db is not None
+    pages = spill._db.execute("PRAGMA page_count").fetchone()[0]
+    spill._db.execute(f"PRAGMA max_page_count = {pages + 3}")
+    spilled, found = fold_with(spill, items)
+    assert spill.in_memory, "the disk never filled up: the test proves nothing"
+    assert found == expected and spilled == keeping
+
+
+def test_unreadable_temporary_storage_is_an_error_not_a_wrong_answer() -> None:
+    from journal import JournalError
+    from replay.spill import SpillArchive
+
+    spill = SpillArchive()
+    spill.put(("job", 1), b"x")
+    spill._flush_puts()
+    assert spill._db is not None
+    spill._db.close()
+    with pytest.raises(JournalError, match="temporary storage"):
+        spill.take(("job", 2))
