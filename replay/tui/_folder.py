@@ -12,6 +12,7 @@ the fold in progress: holding an arrow key costs one fold, not one per key.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from replay.timetravel import TimeTravel
 
@@ -25,8 +26,11 @@ View = TableView | TextView
 class Folder:
     """One background thread that folds to the latest wish and builds its view."""
 
-    def __init__(self, tt: TimeTravel) -> None:
+    def __init__(self, tt: TimeTravel, on_ready: Callable[[], None] | None = None) -> None:
+        """``on_ready`` is called from the fold thread each time a view is finished
+        (the inspector posts itself a message: textual's post_message is thread-safe)."""
         self._tt = tt
+        self._on_ready = on_ready
         self._cond = threading.Condition()
         self._wish: tuple[int, str, Filter] | None = None
         self._ready: tuple[Wish, View] | None = None
@@ -82,3 +86,5 @@ class Folder:
             if view is not None:
                 with self._cond:
                     self._ready = ((seq, tab, str(flt)), view)
+                if self._on_ready is not None:
+                    self._on_ready()

@@ -18,9 +18,11 @@ from typing import Any
 from rich.console import Group as RichGroup
 from rich.console import RenderableType
 from rich.text import Text
+from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 
@@ -38,8 +40,14 @@ from ._views import LEDGER_VIEWS, Filter, TableView, Target, TextView, _t, overv
 
 TABS = ("overview", "requests", "jobs", "blocks", "violations", "events")
 EVENTS_AROUND = 60
-#: how often finished ledger views are picked up from the fold thread (seconds)
-PICK_UP_EVERY = 0.02
+#: how often settled() looks whether the view on screen is the one wanted (seconds)
+SETTLE_POLL = 0.01
+
+
+class FoldReady(Message):
+    """The fold thread finished a ledger view (posted from that thread)."""
+
+
 #: the Violations view shows this many (a few screens), the latest up to the cursor
 VIOLATIONS_SHOWN = 120
 
@@ -191,8 +199,7 @@ class Inspector(App[None]):
         sys.setswitchinterval(0.0005)
         if self.background:
             self.tt.start(follow=self.follow)
-            self.folder = Folder(self.tt)
-            self._pick_up_timer = self.set_interval(PICK_UP_EVERY, self._pick_up)
+            self.folder = Folder(self.tt, on_ready=self._fold_ready)
         else:
             self.tt.index()
         # At most four refreshes a second, whatever the writer does.
@@ -202,7 +209,6 @@ class Inspector(App[None]):
     def on_unmount(self) -> None:
         self._ticker.stop()
         if self.folder is not None:
-            self._pick_up_timer.stop()
             self.folder.close()
         self.tt.stop()
 
@@ -220,7 +226,7 @@ class Inspector(App[None]):
             tab = self._active()
             if tab not in LEDGER_VIEWS or self._shown.get(tab) == self._wish(tab):
                 return
-            await asyncio.sleep(PICK_UP_EVERY / 2)
+            await asyncio.sleep(SETTLE_POLL)
 
     def _tick(self) -> None:
         if not self.query("#status"):
@@ -268,6 +274,11 @@ class Inspector(App[None]):
         else:
             self.folder.want(self.cursor, tab, self.filter)
 
+    def _fold_ready(self) -> None:
+        """Called on the fold thread: hand the news to the UI thread."""
+        self.post_message(FoldReady())
+
+    @on(FoldReady)
     def _pick_up(self) -> None:
         """A view the fold thread finished goes on screen if it is still the one wanted."""
         if self.folder is None or not self.query("#status"):
