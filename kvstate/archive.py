@@ -43,10 +43,12 @@ class _KeyLog:
     read only the writes before their own position (see :meth:`Archive.copy`)."""
 
     def __init__(self) -> None:
-        #: key -> seqs of the enqueues that wrote it, ascending
+        #: key -> seqs of the enqueues that wrote it, in the order folded
         self.writers: dict[str, tuple[int, ...]] = {}
         #: key -> the job of the first of them
         self.first_job: dict[str, int] = {}
+        #: read and written by copies folding from different positions
+        self.shared = False
 
     def written(self, key: str, seq: int, job: int) -> None:
         seqs = self.writers.get(key)
@@ -55,7 +57,7 @@ class _KeyLog:
             # The first put of a key wins (Mooncake keeps the first value): its
             # job is the one a wrong value under the key comes from.
             self.first_job[key] = job
-        elif seq > seqs[-1]:
+        elif seq > seqs[-1] or not self.shared:
             self.writers[key] = (*seqs, seq)
         # else: a copy folding again from an earlier snapshot logged it already
 
@@ -158,6 +160,7 @@ class Archive:
         new._top = _Layer(frozen)
         new._count = self._count
         new._log = self._log
+        self._log.shared = True
         return new
 
     def close(self) -> None:
