@@ -65,9 +65,6 @@ class JournalWriter(Generic[T]):
         self.journal = journal
         self._encode = encode
         self._lock = threading.Lock()
-        #: held while a batch is written: by the writer thread, or by a caller
-        #: that writes its own batch (see commit)
-        self._write_lock = threading.Lock()
         self._buffer: list[T] = []
         self._error: BaseException | None = None
         self.unwritten: list[list[T]] = []
@@ -101,7 +98,11 @@ class JournalWriter(Generic[T]):
         self._raise_if_failed()
         if self._closed:
             raise JournalError(f"{self.journal.path}: the journal writer is closed")
-        inline = False
+        # The batch is always written by the writer thread (when there is one),
+        # even when the caller waits for it, though writing it here would save
+        # two thread switches: signals arrive on the main thread, and a
+        # KeyboardInterrupt in the middle of a write there would be taken for
+        # a failed write and swallowed (a run would not stop on Ctrl-C).
         with self._lock:
             batch, self._buffer = self._buffer, []
             if not batch:
@@ -110,22 +111,10 @@ class JournalWriter(Generic[T]):
                 self._submitted += 1
                 ticket = self._submitted
                 # Under the lock: batches are written in commit order.
-                if self._queue is None:
-                    self._write(batch)
-                elif wait and self._written == ticket - 1:
-                    # Nothing queued, nothing being written: handing the batch
-                    # to the thread would only add two thread switches to the
-                    # caller's wait. Write it here; taking the write lock
-                    # before this lock is released keeps later batches behind it.
-                    self._write_lock.acquire()
-                    inline = True
-                else:
+                if self._queue is not None:
                     self._queue.put(batch)
-        if inline:
-            try:
-                self._write_unlocked(batch)
-            finally:
-                self._write_lock.release()
+                else:
+                    self._write(batch)
         if wait:
             self._wait_for(ticket)
             self._raise_if_failed()
@@ -191,10 +180,6 @@ class JournalWriter(Generic[T]):
             self._write(cast("list[T]", batch))
 
     def _write(self, batch: list[T]) -> None:
-        with self._write_lock:
-            self._write_unlocked(batch)
-
-    def _write_unlocked(self, batch: list[T]) -> None:
         try:
             if self._error is not None:
                 self.unwritten.append(batch)
