@@ -103,12 +103,19 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"  # a zombie is dead, waiting to be reaped
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signalled_run_leaves_a_readable_unfinished_journal(tmp_path: Path, sig: int) -> None:
     journal = tmp_path / "run.db"
     process = subprocess.Popen(
         [*KVSTATE, "run", "--requests", "100000", "--journal", str(journal)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        # A suite started in the background by a shell without job control
+        # inherits SIGINT ignored, and so would the run: give it the default.
+        preexec_fn=_default_sigint,
     )  # fmt: skip
     _wait_for_records(tmp_path, process)
     process.send_signal(sig)
