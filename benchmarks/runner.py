@@ -54,15 +54,14 @@ class Row:
     note: str = ""
 
 
-def _row(name: str, measured: float, unit: str, target: float, *, at_least: bool = False,
-         note: str = "", shown: str | None = None) -> Row:  # fmt: skip
+def _row(
+    name: str, measured: float, unit: str, target: float, *, at_least: bool = False, note: str = ""
+) -> Row:
     """A row whose ratio is measured/target (or target/measured for ``at_least``):
     above 1 is short of the target by that factor."""
     ratio = target / measured if at_least else measured / target
     bound = ">=" if at_least else "<="
-    return Row(
-        name, measured, unit, shown or f"{bound} {target:,g} {unit}", ratio, ratio <= 1, note
-    )
+    return Row(name, measured, unit, f"{bound} {target:,g} {unit}", ratio, ratio <= 1, note)
 
 
 @attrs.frozen

@@ -39,9 +39,6 @@ class LayeredSet:
             seen.update(layer)
         return iter(seen)
 
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LayeredSet):
             return NotImplemented

@@ -16,7 +16,6 @@ first); records without ``ts`` are placed at ``seq`` microseconds.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -194,11 +193,3 @@ def write_perfetto(paths: Sequence[str], out: TextIO) -> tuple[int, str]:
     other = {"source": ", ".join(paths), "verdict": verdict}
     out.write(f'\n], "otherData": {json.dumps(other, ensure_ascii=False)}}}\n')
     return trace.count + len(meta), verdict
-
-
-def perfetto(paths: Sequence[str]) -> dict[str, Any]:
-    """The trace of one journal (or several merged) as a JSON-ready dict (small journals)."""
-    buffer = io.StringIO()
-    write_perfetto(paths, buffer)
-    trace: dict[str, Any] = json.loads(buffer.getvalue())
-    return trace

@@ -335,11 +335,6 @@ class TimeTravel:
     def violations_upto(self, seq: int) -> list[Violation]:
         return self.violations_between(BEFORE_FIRST, seq)
 
-    def violation_index(self, seq: int) -> int:
-        """How many violations records up to ``seq`` caused (an index into ``violations``)."""
-        with self._lock:
-            return bisect.bisect_right(self._violation_seqs, seq)
-
     def violations_around(self, seq: int, before: int, after: int) -> tuple[int, list[Violation]]:
         """At most ``before`` violations at or before ``seq`` and ``after`` past it,
         with the index of the first one returned (a page of the Violations view)."""
