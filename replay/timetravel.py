@@ -180,6 +180,8 @@ class TimeTravel:
         self._snapshots: list[tuple[int, Ledger]] = [(BEFORE_FIRST, first)]
         self._index_ledger = first.snapshot()
         self._cursor: tuple[int, Ledger] | None = None
+        #: a ledger folded in advance, behind the cursor (see :meth:`prepare`)
+        self._spare: tuple[int, Ledger] | None = None
         #: one fold at a time: ``_cursor`` is folded forward in place
         self._fold_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -304,23 +306,60 @@ class TimeTravel:
         """
         with self._fold_lock:
             seq = max(BEFORE_FIRST, min(seq, self.last_seq))
-            with self._lock:
-                i = bisect.bisect_right([s for s, _ in self._snapshots], seq) - 1
-                base_seq, stored = self._snapshots[i]
-            cursor = self._cursor
-            if cursor is not None and base_seq <= cursor[0] <= seq:
-                base_seq, ledger = cursor  # forward from where we are: no copy
-            else:
-                ledger = stored.snapshot()  # the stored one stays as it was
-            reached = base_seq
-            for n, entry in enumerate(self.records.between(base_seq, seq)):
-                if cancel is not None and n % _CANCEL_EVERY == 0 and cancel():
-                    self._cursor = (reached, ledger)
-                    return None
-                ledger.apply(entry.seq, entry.step, entry.event)
-                reached = entry.seq
-            self._cursor = (seq, ledger)
-            return ledger
+            base_seq, ledger = self._start_for(seq, self._cursor, self._spare)
+            reached = self._fold(ledger, base_seq, seq, cancel)
+            # what was folded so far is the start of the next call
+            self._cursor = (reached, ledger)
+            return ledger if reached == seq else None
+
+    def prepare(self, seq: int, cancel: Callable[[], bool] | None = None) -> None:
+        """Fold a spare ledger to ``seq`` in advance, for a later :meth:`ledger_at`.
+
+        The inspector calls this on its fold thread when it has nothing else
+        to do, with the start of the step before the cursor: a key that goes
+        back (left, PgUp) then folds a few records forward from here instead
+        of thousands from the snapshot before. What was folded when
+        ``cancel`` stops it is kept: it is still a nearer start.
+        """
+        with self._fold_lock:
+            seq = max(BEFORE_FIRST, min(seq, self.last_seq))
+            for held in (self._cursor, self._spare):
+                if held is not None and held[0] == seq:
+                    return
+            # never the cursor's ledger: the spare must be a ledger of its own
+            base_seq, ledger = self._start_for(seq, self._spare)
+            self._spare = (self._fold(ledger, base_seq, seq, cancel), ledger)
+
+    def _start_for(self, seq: int, *held: tuple[int, Ledger] | None) -> tuple[int, Ledger]:
+        """The nearest ledger at or before ``seq`` to fold forward, and its seq.
+
+        A ``held`` ledger (the cursor's, the spare) is folded on in place:
+        it belongs to this object, and whoever held it lets go of it here. A
+        stored snapshot is copied, since it must stay as it was.
+        """
+        with self._lock:
+            i = bisect.bisect_right([s for s, _ in self._snapshots], seq) - 1
+            base_seq, stored = self._snapshots[i]
+        near = [h for h in held if h is not None and base_seq <= h[0] <= seq]
+        if not near:
+            return base_seq, stored.snapshot()
+        best = max(near, key=lambda h: h[0])
+        if best is self._spare:
+            self._spare = None
+        return best
+
+    def _fold(
+        self, ledger: Ledger, after: int, upto: int, cancel: Callable[[], bool] | None
+    ) -> int:
+        """Apply the records ``after < seq <= upto``; returns ``upto``, or the
+        last seq applied when ``cancel`` stopped it first."""
+        reached = after
+        for n, entry in enumerate(self.records.between(after, upto)):
+            if cancel is not None and n % _CANCEL_EVERY == 0 and cancel():
+                return reached
+            ledger.apply(entry.seq, entry.step, entry.event)
+            reached = entry.seq
+        return upto
 
     def entries(self, after: int, upto: int) -> list[Entry]:
         return list(self.records.between(after, upto))
@@ -368,8 +407,13 @@ class TimeTravel:
                 if entry.step > step:
                     return entry.seq
             return self.last_seq
-        window = self.entries(max(0, seq - 5000), seq - 1)
-        earlier = [e for e in window if e.step < step]
+        # Look back in growing windows: a step is usually a few records, and
+        # every record read here is decoded on the caller's (the UI's) thread.
+        for span in (64, 512, 5000):
+            window = self.entries(max(0, seq - span), seq - 1)
+            earlier = [e for e in window if e.step < step]
+            if seq - span <= 0 or (earlier and earlier[0].step < earlier[-1].step):
+                break  # the previous step starts inside the window
         if not earlier:
             return window[0].seq if window else seq
         target = earlier[-1].step

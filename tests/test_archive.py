@@ -142,6 +142,64 @@ def test_time_travel_with_parking_matches_replay_at_every_target(tmp_path: Path)
     travel.stop()
 
 
+def test_a_spare_ledger_folded_in_advance_changes_no_answer(tmp_path: Path) -> None:
+    """The inspector folds a spare ledger behind the cursor while idle; going
+    back from it, forward from it, or past it, and stopping it part-way, must
+    all give the ledger that replay --at gives."""
+    from replay.timetravel import TimeTravel
+
+    path = tmp_path / "run.db"
+    simulate(SimConfig(requests=40, seed=2, policy="legacy"), journal=str(path))
+    travel = TimeTravel(str(path), snapshot_every=500, park_after=1, sweep_every=1)
+    travel.index()
+    calls = 0
+
+    def after_one_check() -> bool:
+        nonlocal calls
+        calls += 1
+        return calls > 1
+
+    steps = [
+        ("at", 1500), ("prepare", 1480), ("at", 1490), ("at", 1500),
+        ("prepare", 1200), ("at", 1100), ("at", 1250),
+        ("stop", 900), ("at", 950), ("at", 880),
+        ("prepare", travel.last_seq), ("at", travel.last_seq - 3), ("at", travel.last_seq),
+    ]  # fmt: skip
+    for what, seq in steps:
+        if what == "prepare":
+            travel.prepare(seq)
+        elif what == "stop":
+            calls = 0
+            travel.prepare(seq, cancel=after_one_check)  # stopped after 256 records
+            assert travel._spare is not None and travel._spare[0] < seq
+        else:
+            assert travel.ledger_at(seq) == replay([str(path)], at=seq).ledger, (what, seq)
+            held = [h[1] for h in (travel._cursor, travel._spare) if h is not None]
+            assert len({id(h) for h in held}) == len(held), "the spare is the cursor's ledger"
+    travel.stop()
+
+
+def test_step_start_finds_the_step_before_wherever_it_starts(tmp_path: Path) -> None:
+    from replay.timetravel import TimeTravel
+
+    path = tmp_path / "run.db"
+    simulate(SimConfig(requests=40, seed=2, policy="legacy"), journal=str(path))
+    travel = TimeTravel(str(path))
+    items = list(entries([str(path)]))
+    step_of = {e.seq: e.step for e in items}
+    sched = [e for e in items if e.event.side != "worker"]
+    for here in range(2, travel.last_seq + 1, 37):
+        back = travel.step_start(here, -1)
+        earlier = [e for e in items if e.seq < here and e.step < step_of[here]]
+        if not earlier:
+            assert back == 1
+            continue
+        previous = earlier[-1].step
+        assert back == min(e.seq for e in items if e.seq < here and e.step == previous), here
+    assert sched, "no scheduler records: the test proves nothing"
+    travel.stop()
+
+
 @pytest.mark.parametrize("policy", ["kvstate", "legacy"])
 def test_a_live_scheduler_that_parks_decides_the_same(tmp_path: Path, policy: str) -> None:
     """The scheduler ledger a connector embeds parks too; parking after every

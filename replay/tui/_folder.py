@@ -88,3 +88,11 @@ class Folder:
                     self._ready = ((seq, tab, str(flt)), view)
                 if self._on_ready is not None:
                     self._on_ready()
+                # Nothing else asked for: fold a spare ledger to the step
+                # before, so going back (left, PgUp) starts a few records
+                # away instead of up to a snapshot interval (thousands)
+                # behind. A key arriving meanwhile stops it.
+                if not self._interrupted():
+                    behind = self._tt.step_start(seq, -1)
+                    if behind < seq:
+                        self._tt.prepare(behind, cancel=self._interrupted)
