@@ -458,3 +458,43 @@ def test_next_and_previous_violation_work_on_a_partial_index(tmp_path: Path) -> 
     later = travel.next_violation(found[-1].seq)
     assert later is None or later.seq > found[-1].seq
     travel.stop()
+
+
+def test_the_cursor_row_is_highlighted_and_in_view_on_a_long_journal(tmp_path: Path) -> None:
+    """Events and Violations hold a few screens of rows: the cursor's row is the
+    highlighted one and is scrolled into view, going forward and back."""
+    from kvstate.harness.sim.runtime import SimConfig, simulate
+
+    path = tmp_path / "run.db"
+    simulate(SimConfig(requests=40, seed=2, policy="legacy"), journal=str(path))
+    app = Inspector(str(path), background=False)
+    seen: list[tuple[str, int, int, bool]] = []
+
+    def look(tab: str) -> None:
+        table = app.query_one(f"#{tab}-table", DataTable)
+        top = round(table.scroll_y)
+        height = table.scrollable_content_region.height - 1
+        first = str(table.get_row_at(table.cursor_row)[0])
+        seen.append((tab, app.cursor, int(first), top <= table.cursor_row < top + height))
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        app.go(app.tt.last_seq // 2)
+        await pilot.press("6")
+        await pilot.pause()
+        for key in ("right", "pagedown", "left", "pageup"):
+            await pilot.press(key)
+            await pilot.pause()
+            look("events")
+        for key in ("p", "p", "n"):
+            await pilot.press(key)
+            await pilot.pause()
+            look("violations")
+
+    drive(app, script)
+    assert len(seen) == 7
+    for tab, cursor, highlighted, in_view in seen:
+        assert in_view, (tab, cursor)
+        if tab == "events":
+            assert highlighted == cursor
+        else:  # the latest violation up to the cursor
+            assert highlighted == app.tt.violations_upto(cursor)[-1].seq == cursor

@@ -157,6 +157,8 @@ class Inspector(App[None]):
         self.folder: Folder | None = None
         #: what each ledger view on screen shows: (seq, tab, filter)
         self._shown: dict[str, Wish] = {}
+        #: what Violations and Events were last drawn for: (seq, tab, filter, found, last)
+        self._drawn: dict[str, tuple[int, str, str, int, int]] = {}
         self._frozen = False
         self._seen_last = self.tt.last_seq
         self._targets: dict[str, tuple[str, str | int]] = {}
@@ -318,8 +320,12 @@ class Inspector(App[None]):
                 message += f" found yet (indexed {self.tt.indexed_seq} of {self.tt.last_seq})"
             self.notify(message)
             return
+        # Switch first: moving the cursor on a ledger tab would set the fold
+        # thread on a view that is about to be hidden.
+        self.query_one(TabbedContent).active = "violations"
+        self._focus_table()
         self.go(found.seq)
-        self.action_tab("violations")
+        self.refresh_views()
 
     def action_tab(self, name: str) -> None:
         self.query_one(TabbedContent).active = name
@@ -395,13 +401,20 @@ class Inspector(App[None]):
         if active in LEDGER_VIEWS:
             self._render_ledger_view(active)
             return
-        render = {
-            "overview": self._render_overview,
-            "violations": self._render_violations,
-            "events": self._render_events,
-        }.get(active)
-        if render is not None:
-            render()
+        if active == "overview":
+            self._render_overview()
+            return
+        # Violations and Events are drawn again only when what they show can
+        # differ: a tab switch posts its own refresh after the one the key
+        # asked for, and a table of a few screens is the cost of a key.
+        drawn = (*self._wish(active), len(self.tt.violations), self.tt.last_seq)
+        if self._drawn.get(active) == drawn:
+            return
+        if active == "violations":
+            self._render_violations()
+        elif active == "events":
+            self._render_events()
+        self._drawn[active] = drawn
 
     def _render_status(self) -> None:
         entry = next(iter(self.tt.entries(self.cursor - 1, self.cursor)), None)
@@ -447,6 +460,20 @@ class Inspector(App[None]):
         else:
             self._targets.pop(key, None)
         table.add_row(*cells, key=key)
+
+    def _put_cursor(self, table: DataTable, row: int) -> None:
+        """Highlight ``row`` of a table just refilled, in the same paint.
+
+        Refilling a table scrolls it to the top; moving the cursor then
+        scrolls again once the table has measured its rows, so every key
+        painted the table twice. The table keeps its height from the last
+        fill (the views hold about as many rows each time), so scroll now,
+        before the paint, to where the cursor row will be in view.
+        """
+        visible = max(1, table.scrollable_content_region.height - 1)  # less the header
+        if row >= visible:
+            table.scroll_to(y=row - visible // 2, animate=False, immediate=True)
+        table.move_cursor(row=row)
 
     def _violation_page(self) -> tuple[list[Violation], int | None]:
         """The violations shown, the latest page up to the cursor, and the row
@@ -496,8 +523,7 @@ class Inspector(App[None]):
             self._row(table, cells, target)
         self._shown_violations = shown
         if row is not None:
-            # after the refresh: the columns take their widths from the new rows first
-            self.call_after_refresh(table.move_cursor, row=row)
+            self._put_cursor(table, row)
         self._tell(row)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -562,4 +588,4 @@ class Inspector(App[None]):
             self._row(table, cells, target)
             if entry.seq <= self.cursor:
                 row = table.row_count - 1
-        self.call_after_refresh(table.move_cursor, row=row)
+        self._put_cursor(table, row)
