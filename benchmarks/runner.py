@@ -311,6 +311,7 @@ def tool_rows(
     inspector = _child(_INSPECT, legacy, str(keys))
     keys = [t["max_ms"] for t in inspector["tabs"].values()]
     medians = [t["median_ms"] for t in inspector["tabs"].values()]
+    pilot = [t["pilot_max_ms"] for t in inspector["tabs"].values()]
     slowest = max(inspector["tabs"].items(), key=lambda kv: kv[1]["max_ms"])
     rows = [
         _row(f"export --format perfetto, {n:,} records", export["peak_mb"], "MB", 500,
@@ -323,7 +324,8 @@ def tool_rows(
         _row(f"kvstate inspect, slowest key, legacy journal of {legacy_records:,} records",
              max(keys), "ms", 200,
              note=f"median per tab {min(medians):.0f}-{max(medians):.0f} ms; slowest "
-             f"'{slowest[1]['slowest_key']}' on {slowest[0]}; index built in "
+             f"'{slowest[1]['slowest_key']}' on {slowest[0]}; a test pilot's press + "
+             f"pause round trip up to {max(pilot):.0f} ms; index built in "
              f"{inspector['index_s']:.0f} s; peak {inspector['peak_mb']:.0f} MB"),
         _row(f"kvstate inspect memory, legacy journal of {legacy_records:,} records",
              inspector["peak_mb"], "MB", 500),
