@@ -1,4 +1,5 @@
-"""The packed form of a parked job or request (see :mod:`kvstate.archive`).
+"""The packed form of a parked job or request, and when to park (see
+:mod:`kvstate.archive`).
 
 Rows are plain tuples of field values in declaration order, pickled: a
 settled job with two ranks packs into about a hundred bytes, a tenth of
@@ -10,13 +11,16 @@ with the rank ledgers that hold them.
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import attrs
 
 from .state import Incarnation, RankJobState, RequestState, StoreJobState, StoreRequestState
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
+K = TypeVar("K")
 
 
 def _names(cls: type) -> tuple[str, ...]:
@@ -79,3 +83,34 @@ def unpack_request(blob: bytes) -> tuple[RequestState, dict[int, Any]]:
 
 def _row_or_none(obj: Any, names: tuple[str, ...]) -> tuple[Any, ...] | None:
     return None if obj is None else _row(obj, names)
+
+
+def sweep(
+    named: OrderedDict[K, int],
+    horizon: int,
+    now: int,
+    settled: Callable[[K], bool | None],
+    park: Callable[[K], None],
+) -> None:
+    """Park what was last named at or before ``horizon`` and has settled.
+
+    ``named`` maps each key to when a record last named it, oldest first (a
+    naming moves the key to the end), so the sweep stops at the first key
+    named after ``horizon``. ``settled`` answers True (park it), False (not
+    yet: look again ``park_after`` records from ``now``) or None (nothing
+    left to park: forget the key).
+    """
+    later = []
+    while named:
+        key, when = named.popitem(last=False)
+        if when > horizon:
+            named[key] = when
+            named.move_to_end(key, last=False)
+            break
+        verdict = settled(key)
+        if verdict is True:
+            park(key)
+        elif verdict is False:
+            later.append(key)
+    for key in later:
+        named[key] = now

@@ -23,7 +23,7 @@ from journal import RecordError
 
 from . import events as ev
 from ._layered import LayeredSet
-from ._parking import pack_job, pack_request, unpack_job, unpack_request
+from ._parking import pack_job, pack_request, sweep, unpack_job, unpack_request
 from .archive import Archive
 from .codec import Entry
 from .rank import RankLedger
@@ -821,21 +821,7 @@ class Ledger:
         settled: Callable[[K], bool | None],
         park: Callable[[K], None],
     ) -> None:
-        horizon = self.records - self.park_after
-        later = []
-        while named:
-            key, when = named.popitem(last=False)
-            if when > horizon:
-                named[key] = when
-                named.move_to_end(key, last=False)
-                break
-            verdict = settled(key)
-            if verdict is True:
-                park(key)
-            elif verdict is False:
-                later.append(key)
-        for key in later:
-            named[key] = self.records
+        sweep(named, self.records - self.park_after, self.records, settled, park)
 
     def _job_settled(self, job_id: int) -> bool | None:
         """True: park it; False: not yet; None: nothing to park (gone or replaced)."""
