@@ -13,6 +13,7 @@ from __future__ import annotations
 import pickle
 from collections import OrderedDict
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, TypeVar
 
 import attrs
@@ -21,6 +22,11 @@ from .state import Incarnation, RankJobState, RequestState, StoreJobState, Store
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 K = TypeVar("K")
+
+#: records between two sweeps that park settled jobs and requests
+SWEEP_EVERY = 4096
+#: a settled job or request is parked once no record has named it for this many
+PARK_AFTER = 8192
 
 
 def _names(cls: type) -> tuple[str, ...]:
@@ -34,18 +40,29 @@ _REQUEST = tuple(n for n in _names(RequestState) if n != "incarnations")
 _RANK_REQUEST = _names(StoreRequestState)
 
 
-def _row(obj: Any, names: tuple[str, ...]) -> tuple[Any, ...]:
-    return tuple(getattr(obj, n) for n in names)
+def _rows(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """The field values named, as a tuple (``attrgetter`` of two names or more
+    returns one, built in C: parking runs on the connector's threads)."""
+    if len(names) < 2:
+        raise ValueError(f"a packed row needs at least two fields, not {names}")
+    return attrgetter(*names)
+
+
+_rank_job_row = _rows(_RANK_JOB)
+_incarnation_row = _rows(_INCARNATION)
+_job_row = _rows(_JOB)
+_request_row = _rows(_REQUEST)
+_rank_request_row = _rows(_RANK_REQUEST)
 
 
 def pack_job(job: StoreJobState, on_ranks: dict[int, RankJobState]) -> bytes:
     """A job and every rank's state of it (``job.ranks`` are among ``on_ranks``)."""
-    ranks = {r: _row(rj, _RANK_JOB) for r, rj in on_ranks.items()}
+    ranks = {r: _rank_job_row(rj) for r, rj in on_ranks.items()}
     # Ranks whose state the job holds are the rank ledgers' objects (shared);
     # any other is packed on its own (kept for exactness, never seen in practice).
-    own = {r: _row(rj, _RANK_JOB) for r, rj in job.ranks.items() if on_ranks.get(r) is not rj}
+    own = {r: _rank_job_row(rj) for r, rj in job.ranks.items() if on_ranks.get(r) is not rj}
     shared = tuple(r for r in job.ranks if r not in own)
-    return pickle.dumps((_row(job, _JOB), ranks, shared, own), _PROTOCOL)
+    return pickle.dumps((_job_row(job), ranks, shared, own), _PROTOCOL)
 
 
 def unpack_job(blob: bytes) -> tuple[StoreJobState, dict[int, RankJobState]]:
@@ -60,29 +77,50 @@ def unpack_job(blob: bytes) -> tuple[StoreJobState, dict[int, RankJobState]]:
 def pack_request(request: RequestState, on_ranks: dict[int, Any]) -> bytes:
     """A request, its incarnations, and what each rank keeps for it
     (:meth:`~kvstate.rank.RankLedger.take_request` parts, None where a rank has none)."""
-    incarnations = {g: _row(inc, _INCARNATION) for g, inc in request.incarnations.items()}
-    parts = {
-        r: None if part is None else (_row_or_none(part[0], _RANK_REQUEST), *part[1:])
-        for r, part in on_ranks.items()
-    }
-    return pickle.dumps((_row(request, _REQUEST), incarnations, parts), _PROTOCOL)
+    incarnations = {g: _incarnation_row(inc) for g, inc in request.incarnations.items()}
+    parts = {r: _part_row(part) for r, part in on_ranks.items()}
+    return pickle.dumps((_request_row(request), incarnations, parts), _PROTOCOL)
 
 
 def unpack_request(blob: bytes) -> tuple[RequestState, dict[int, Any]]:
     row, incarnations, parts = pickle.loads(blob)
     fields = dict(zip(_REQUEST, row, strict=True))
     incs = {g: Incarnation(*values) for g, values in incarnations.items()}
-    on_ranks = {
-        r: None
-        if part is None
-        else (None if part[0] is None else StoreRequestState(*part[0]), *part[1:])
-        for r, part in parts.items()
-    }
+    on_ranks = {r: _part(part) for r, part in parts.items()}
     return RequestState(**fields, incarnations=incs), on_ranks
 
 
-def _row_or_none(obj: Any, names: tuple[str, ...]) -> tuple[Any, ...] | None:
-    return None if obj is None else _row(obj, names)
+def pack_rank_job(spec: tuple[Any, ...], rj: RankJobState) -> bytes:
+    """A live rank's job: the fields of its spec, and the rank's state of it."""
+    return pickle.dumps((spec, _rank_job_row(rj)), _PROTOCOL)
+
+
+def unpack_rank_job(blob: bytes) -> tuple[tuple[Any, ...], RankJobState]:
+    spec, row = pickle.loads(blob)
+    return spec, RankJobState(*row)
+
+
+def pack_rank_request(gens: tuple[int, ...], part: Any) -> bytes:
+    """A live rank's request: the generations it has seen and what it keeps
+    for them (a :meth:`~kvstate.rank.RankLedger.take_request` part)."""
+    return pickle.dumps((gens, _part_row(part)), _PROTOCOL)
+
+
+def unpack_rank_request(blob: bytes) -> tuple[tuple[int, ...], Any]:
+    gens, part = pickle.loads(blob)
+    return gens, _part(part)
+
+
+def _part_row(part: Any) -> Any:
+    if part is None:
+        return None
+    return (None if part[0] is None else _rank_request_row(part[0]), *part[1:])
+
+
+def _part(row: Any) -> Any:
+    if row is None:
+        return None
+    return (None if row[0] is None else StoreRequestState(*row[0]), *row[1:])
 
 
 def sweep(
