@@ -23,7 +23,15 @@ from journal import RecordError
 
 from . import events as ev
 from ._layered import LayeredSet
-from ._parking import pack_job, pack_request, sweep, unpack_job, unpack_request
+from ._parking import (
+    PARK_AFTER,
+    SWEEP_EVERY,
+    pack_job,
+    pack_request,
+    sweep,
+    unpack_job,
+    unpack_request,
+)
 from .archive import Archive
 from .codec import Entry
 from .rank import RankLedger
@@ -40,10 +48,6 @@ from .violations import Code, Violation, chain_of, finding
 Out = list[Violation]
 K = TypeVar("K")
 
-#: records between two sweeps that park settled jobs and requests
-SWEEP_EVERY = 4096
-#: a settled job or request is parked once no record has named it for this many
-PARK_AFTER = 8192
 #: kinds whose ``job`` names a job the fold must have at hand (the audit kinds
 #: only name the job a key's value came from; an enqueue creates its job)
 _JOB_RECORDS = frozenset(

@@ -9,18 +9,33 @@ pressure mark, retry tokens) are refused for a job that is no longer live, so
 a stale job can never touch a reused request id.
 
 All state is a :class:`~kvstate.rank.RankLedger` folded from this rank's own
-records, the same fold replay uses.
+records, the same fold replay uses. Like the reference ledger, a worker
+ledger parks what has settled (a job reported here, a request with no live
+job) once nothing has named it for a while, packed, and brings it back
+whole when a call or record names it again: an engine that runs for days
+keeps what is live, not every job it ever saved.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
 from . import events as ev
+from ._parking import (
+    PARK_AFTER,
+    SWEEP_EVERY,
+    pack_rank_job,
+    pack_rank_request,
+    sweep,
+    unpack_rank_job,
+    unpack_rank_request,
+)
+from .archive import Archive
 from .errors import DuplicateJobError, UnknownJobError
 from .rank import RankLedger
 from .recorder import Recorder
@@ -57,7 +72,14 @@ class WorkerLedger:
     """
 
     def __init__(
-        self, rank: int, recorder: Recorder, *, strict: bool = True, commit_steps: bool = False
+        self,
+        rank: int,
+        recorder: Recorder,
+        *,
+        strict: bool = True,
+        commit_steps: bool = False,
+        park_after: int = PARK_AFTER,
+        sweep_every: int = SWEEP_EVERY,
     ) -> None:
         self.rank = rank
         self.recorder = recorder
@@ -67,11 +89,24 @@ class WorkerLedger:
         #: scheduler's recorder leaves that to the scheduler's begin_step
         self.commit_steps = commit_steps
         self._specs: dict[int, JobSpec] = {}
+        #: what this rank has folded; parked jobs and requests are not in it
+        #: (see :meth:`spec` and the readers below, which bring them back)
         self.state = RankLedger(rank, self._specs, knows_all_jobs=False)
         self.violations: list[Violation] = []
         self.step = 0
         self._completed: dict[int, int] = {}
         self._lock = threading.RLock()
+        #: settled jobs and requests, packed (see kvstate.archive)
+        self.archive = Archive()
+        self.park_after = park_after
+        self.sweep_every = sweep_every
+        self._records = 0
+        self._parked_jobs = 0
+        #: jobs and requests in memory, in the order they came (see _recall)
+        self._named_jobs: OrderedDict[int, int] = OrderedDict()
+        self._named_requests: OrderedDict[str, int] = OrderedDict()
+        #: the generations this rank has seen of each request (parked with it)
+        self._gens: dict[str, tuple[int, ...]] = {}
 
     def _emit(self, event: ev.Event, *, quiet: bool = False) -> None:
         """Record and fold one event; in strict mode raise on a breach unless ``quiet``.
@@ -81,8 +116,23 @@ class WorkerLedger:
         unwinding: their violations are collected, the first error wins.
         """
         entry = self.recorder.record(event, self.step)
+        self._records += 1
+        job: int | None = getattr(event, "job", None)
+        req: str | None = getattr(event, "req", None)
+        if job is not None:
+            spec = self._specs.get(job)
+            if spec is None or spec.req not in self._gens or (req is not None and req != spec.req):
+                self._recall(job, req)
+        elif req is not None:
+            if req not in self._gens:
+                self._recall(req=req)
+            gen: int | None = getattr(event, "gen", None)  # preemption_seen, request_retired
+            if gen is not None:
+                self._saw_gen(req, gen)
         found: list[Violation] = []
         self.state.apply(entry.seq, event, found)
+        if self._records % self.sweep_every == 0:
+            self._park_settled()
         if found:
             self.violations.extend(found)
             if self.strict and not quiet and any(not v.is_warning for v in found):
@@ -105,10 +155,13 @@ class WorkerLedger:
         """Enter a job in the ledger. Call before putting it on the queue, so
         no job is ever dequeued unledgered."""
         with self._lock:
+            self._recall(spec.job, spec.req)
             if spec.job in self._specs:
                 self.recorder.flush_before_raising()
                 raise DuplicateJobError(spec.job, self.rank)
             self._specs[spec.job] = spec
+            self._named_jobs[spec.job] = self._records
+            self._saw_gen(spec.req, spec.gen)
             self._emit(ev.JobReceived(job=spec.job, rank=self.rank))
 
     def preemption_seen(self, req: str, gen: int) -> None:
@@ -119,6 +172,7 @@ class WorkerLedger:
     def is_live(self, job: int) -> bool:
         """Registered, of the newest generation of its request, not ended, not reported."""
         with self._lock:
+            self._recall(job)
             return self.state.is_live(job)
 
     def retire(self, req: str, gen: int) -> bool:
@@ -131,6 +185,7 @@ class WorkerLedger:
         and retiring the old one would be a stale effect on it.
         """
         with self._lock:
+            self._recall(req=req)
             if self._superseded(req, gen):
                 return True
             if self.state.pending_jobs(req, gen):
@@ -147,6 +202,7 @@ class WorkerLedger:
     def newest_gen(self, req: str) -> int | None:
         """The newest generation of ``req`` this rank has seen, or None."""
         with self._lock:
+            self._recall(req=req)
             state = self.state.requests.get(req)
             return None if state is None else state.gen
 
@@ -157,19 +213,112 @@ class WorkerLedger:
         was dropped when the generation was preempted or finished.
         """
         with self._lock:
+            self._recall(req=req)
             state = self.state.requests.get(req)
             return state.saved_offset if state is not None and state.gen == gen else 0
 
     def has_retry_tokens(self, req: str, gen: int) -> bool:
         """Whether this rank keeps a token suffix of ``(req, gen)`` for a KV-event retry."""
         with self._lock:
+            self._recall(req=req)
             state = self.state.requests.get(req)
             return state is not None and state.gen == gen and state.retry_tokens is not None
+
+    def spec(self, job: int) -> JobSpec | None:
+        """The registered spec of ``job`` (brought back if parked), or None."""
+        with self._lock:
+            self._recall(job)
+            return self._specs.get(job)
 
     @property
     def jobs_received(self) -> int:
         """How many jobs this rank has registered so far."""
-        return len(self.state.jobs)
+        with self._lock:
+            return len(self.state.jobs) + self._parked_jobs
+
+    # -- parking settled state (see kvstate.archive) -------------------------------------
+
+    def _recall(self, job: int | None = None, req: str | None = None) -> None:
+        """Bring back ``job`` (and its request) and ``req`` if they were parked,
+        before anything reads them; called with the lock held.
+
+        On the hot path this is two dict lookups: what is in memory is not
+        touched. A job or request is queued for the sweep when it first
+        appears and when it comes back; being named again does not requeue it
+        (settled means no longer expected: a reported job, a request with
+        nothing live here), so a request that goes quiet for a while may be
+        parked and brought back, never judged differently.
+        """
+        if job is not None:
+            spec = self._specs.get(job)
+            if spec is None:
+                spec = self._unpark_job(job)
+            if spec is not None and spec.req != req and spec.req not in self._gens:
+                self._unpark_request(spec.req)
+        if req is not None and req not in self._gens:
+            self._unpark_request(req)
+
+    def _saw_gen(self, req: str, gen: int) -> None:
+        gens = self._gens.get(req)
+        if gens is None:
+            self._gens[req] = (gen,)
+            self._named_requests[req] = self._records
+        elif gen not in gens:
+            self._gens[req] = (*gens, gen)
+
+    def _park_settled(self) -> None:
+        """Park what has settled and has not been named for ``park_after`` records:
+        a job this rank has reported; a request with no job live or pending here."""
+        horizon = self._records - self.park_after
+        sweep(self._named_jobs, horizon, self._records, self._job_settled, self._park_job)
+        sweep(self._named_requests, horizon, self._records, self._request_settled,
+              self._park_request)  # fmt: skip
+
+    def _job_settled(self, job: int) -> bool | None:
+        rj = self.state.jobs.get(job)
+        if rj is None or job not in self._specs:
+            return None
+        return rj.reported_seq is not None
+
+    def _request_settled(self, req: str) -> bool | None:
+        if req not in self._gens:
+            return None
+        state = self.state.requests.get(req)
+        if state is not None and state.live_jobs:
+            return False
+        return not any(self.state.pending_jobs(req, gen) for gen in self._gens[req])
+
+    def _park_job(self, job: int) -> None:
+        spec = self._specs.pop(job)
+        rj = self.state.jobs.pop(job)
+        row = (spec.job, spec.req, spec.gen, spec.keys, spec.parent)
+        self.archive.put(("job", job), pack_rank_job(row, rj))
+        self._parked_jobs += 1
+
+    def _unpark_job(self, job: int) -> JobSpec | None:
+        blob = self.archive.take(("job", job))
+        if blob is None:
+            return None
+        row, rj = unpack_rank_job(blob)
+        spec = self._specs[job] = JobSpec(*row)
+        self.state.jobs[job] = rj
+        self._parked_jobs -= 1
+        self._named_jobs[job] = self._records
+        return spec
+
+    def _park_request(self, req: str) -> None:
+        gens = self._gens.pop(req)
+        part = self.state.take_request(req, list(gens))
+        self.archive.put(("request", req), pack_rank_request(gens, part))
+
+    def _unpark_request(self, req: str) -> None:
+        blob = self.archive.take(("request", req))
+        if blob is None:
+            return
+        gens, part = unpack_rank_request(blob)
+        self._gens[req] = gens
+        self.state.put_request(req, part)
+        self._named_requests[req] = self._records
 
     # -- running a job -----------------------------------------------------------------
 
@@ -278,7 +427,7 @@ class JobRun:
     def _start(self) -> None:
         w = self.worker
         with w._lock:
-            if self.job not in w._specs:
+            if w.spec(self.job) is None:
                 self._outcome = True
                 w._emit(ev.JobSkipped(job=self.job, rank=w.rank, reason="error"))
                 return
@@ -337,7 +486,7 @@ class JobRun:
         had some keys (dedup) the first stored key is not a root, which a
         parent taken from store order would claim.
         """
-        spec = self.worker._specs.get(self.job)
+        spec = self.worker.spec(self.job)
         if spec is None:
             raise UnknownJobError(
                 self.job, "publish_kv_events", "was never registered on this rank"
@@ -349,7 +498,7 @@ class JobRun:
 
     @property
     def _req(self) -> str:
-        spec = self.worker._specs.get(self.job)
+        spec = self.worker.spec(self.job)
         if spec is None:
             raise UnknownJobError(self.job, "JobRun effect", "was never registered on this rank")
         return spec.req

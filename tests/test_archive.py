@@ -201,23 +201,29 @@ def test_step_start_finds_the_step_before_wherever_it_starts(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("policy", ["kvstate", "legacy"])
-def test_a_live_scheduler_that_parks_decides_the_same(tmp_path: Path, policy: str) -> None:
-    """The scheduler ledger a connector embeds parks too; parking after every
-    record must not change one decision: the journals are the same, record for
-    record, and so are the run's counts."""
+@pytest.mark.parametrize("faults", ["put-fail=0.1", "no-space=0.3,evict=0.2", "thread-crash@200"])
+def test_live_ledgers_that_park_decide_the_same(tmp_path: Path, policy: str, faults: str) -> None:
+    """The scheduler and worker ledgers a connector embeds park too; parking
+    after every record must not change one decision: the journals are the
+    same, record for record, and so are the run's counts."""
     from kvstate.harness.sim.runtime import Simulation
 
     parked_count: list[int] = []
+    worker_parked: list[int] = []
 
     def run(park: bool, name: str) -> tuple[object, list[tuple[str, object]]]:
-        config = SimConfig(requests=48, policy=policy, seed=4, faults=Faults.parse("put-fail=0.1"))
+        config = SimConfig(requests=48, policy=policy, seed=4, faults=Faults.parse(faults))
         sim = Simulation(config, journal=str(tmp_path / name))
         if park:
             sim.sched_ledger.ledger.park_after = 1
             sim.sched_ledger.ledger.sweep_every = 1
+            for w in sim.workers:
+                w.ledger.park_after = 1
+                w.ledger.sweep_every = 1
         try:
             summary = sim.run()
             parked_count.append(len(sim.sched_ledger.ledger.archive))
+            worker_parked.append(sum(len(w.ledger.archive) for w in sim.workers))
         finally:
             sim.close()
         records = [(e.event.kind, e.event) for e in entries([str(tmp_path / name)])]
@@ -228,6 +234,7 @@ def test_a_live_scheduler_that_parks_decides_the_same(tmp_path: Path, policy: st
     assert parked == kept and parked_summary == kept_summary
     assert len(kept) > 1000
     assert parked_count[0] == 0 and parked_count[1] > 0, parked_count  # it did park
+    assert worker_parked[0] == 0 and worker_parked[1] > 0, worker_parked
 
 
 def fold_with(archive: Archive, items: list[Entry]) -> tuple[Ledger, list[dict[str, object]]]:
@@ -280,3 +287,29 @@ def test_unreadable_temporary_storage_is_an_error_not_a_wrong_answer() -> None:
     spill._db.close()
     with pytest.raises(JournalError, match="temporary storage"):
         spill.take(("job", 2))
+
+
+def test_a_long_running_worker_keeps_what_is_live() -> None:
+    """A worker ledger that saved thousands of jobs holds only the recent ones
+    in its fold; the rest are parked, and come back when named."""
+    from kvstate import JobSpec, Recorder, WorkerLedger
+    from kvstate.errors import DuplicateJobError
+
+    rec = Recorder.in_memory(block_size=16, world_size=1)
+    worker = WorkerLedger(0, rec, park_after=64, sweep_every=32)
+    for job in range(3000):
+        req = f"r{job}"
+        worker.register(JobSpec(job, req, 0, (f"k{job}",)))
+        with worker.run(job) as run:
+            run.put_done(stored=1, existed=0)
+            run.save_offset(16)
+        worker.preemption_seen(req, 0)
+        assert worker.retire(req, 0)
+    assert worker.jobs_received == 3000
+    assert len(worker.state.jobs) < 200 and len(worker.state.requests) < 200
+    assert len(worker._specs) < 200
+    # a parked job and request come back whole when named
+    assert worker.spec(7) == JobSpec(7, "r7", 0, ("k7",))
+    assert not worker.is_live(7) and worker.newest_gen("r7") == 0
+    with pytest.raises(DuplicateJobError):
+        worker.register(JobSpec(7, "r7", 0, ("k7",)))  # still a duplicate

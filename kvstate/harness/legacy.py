@@ -190,7 +190,8 @@ class LegacyWorkerLedger(WorkerLedger):
     def _live_at_start(self, job: int) -> bool:
         if "req-id-counter" not in self.bugs:
             return super()._live_at_start(job)
-        return self._specs[job].req in self._count
+        spec = self.spec(job)
+        return spec is not None and spec.req in self._count
 
     def _effect_allowed(self, job: int) -> bool:
         if self.bugs.isdisjoint({"req-id-counter", "unguarded-effects"}):
@@ -207,9 +208,9 @@ class LegacyWorkerLedger(WorkerLedger):
     def _after_report(self, job: int) -> None:
         if "req-id-counter" not in self.bugs:
             return
-        req = self._specs[job].req
-        if req in self._count:
-            self._count[req] -= 1
+        spec = self.spec(job)
+        if spec is not None and spec.req in self._count:
+            self._count[spec.req] -= 1
 
 
 POLICIES: dict[str, tuple[type[SchedulerLedger], type[WorkerLedger]]] = {
