@@ -20,9 +20,12 @@ the machine; compare the ratios printed by one run, not across runs.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import tempfile
 import time
+import tracemalloc
+from collections.abc import Callable
 
 from kvstate import JobSpec, Recorder, SchedulerLedger, WorkerLedger
 from kvstate.events import JournalOpened
@@ -33,11 +36,18 @@ WORLD = 2
 BLOCK = 16
 
 
-def lifecycle(recorder: Recorder, jobs: int) -> int:
-    """Run ``jobs`` complete store jobs; returns how many events were recorded."""
+def lifecycle(recorder: Recorder, jobs: int, *, between: Callable[[], None] | None = None) -> int:
+    """Run ``jobs`` complete store jobs; returns how many events were recorded.
+
+    ``between`` is called once half the jobs are done and again when all
+    are, while the ledgers still exist (the live-memory measurement looks at
+    the heap there).
+    """
     sched = SchedulerLedger(recorder)
     workers = [WorkerLedger(r, recorder) for r in range(WORLD)]
     for i in range(jobs):
+        if between is not None and i == jobs // 2:
+            between()
         req = f"r{i}"
         sched.begin_step()
         sched.admit(req, 4 * BLOCK)
@@ -57,12 +67,33 @@ def lifecycle(recorder: Recorder, jobs: int) -> int:
         for w in workers:
             w.preemption_seen(req, 0)
             w.retire(req, 0)
+    if between is not None:
+        between()
     sched.idle()
     return count(recorder)
 
 
 def count(recorder: Recorder) -> int:
     return recorder.recorded
+
+
+def live_bytes_per_job(jobs: int) -> float:
+    """Bytes the live ledgers (a scheduler and its ranks, no journal) still hold
+    per finished job: the heap after ``jobs`` lifecycles less the heap after
+    half of them, over the jobs in between. Bounded by live state is 0."""
+    rec = Recorder(JournalOpened(version=1, block_size=BLOCK, world_size=WORLD))
+    marks: list[int] = []
+
+    def mark() -> None:
+        gc.collect()
+        marks.append(tracemalloc.get_traced_memory()[0])
+
+    tracemalloc.start()
+    try:
+        lifecycle(rec, jobs, between=mark)
+    finally:
+        tracemalloc.stop()
+    return (marks[1] - marks[0]) / (jobs - jobs // 2)
 
 
 def single_transitions(n: int) -> dict[str, float]:

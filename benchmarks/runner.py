@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 import msgpack
 
-from benchmarks.bench_hot_path import BLOCK, WORLD, lifecycle
+from benchmarks.bench_hot_path import BLOCK, WORLD, lifecycle, live_bytes_per_job
 from benchmarks.bench_inspector import KEYS
 from journal import Journal, atomic_output
 from kvstate import Recorder, SchedulerLedger
@@ -360,6 +360,7 @@ def run(quick: bool) -> dict[str, Any]:
     sizes = Sizes.of(quick)
     rows = caller_rows(sizes.jobs)
     rows.append(writer_row(sizes.jobs))
+    live_bytes = live_bytes_per_job(sizes.jobs)
     steps = [{"running": n, "us_per_step": step_overhead(n)} for n in sizes.running]
     with tempfile.TemporaryDirectory() as tmp:
         points, longest = replay_points(sizes.replay_records, tmp)
@@ -378,6 +379,8 @@ def run(quick: bool) -> dict[str, Any]:
         "replay_points": points,
         "ceilings": ceiling,
         "step_overhead": steps,
+        "live_bytes_per_job": live_bytes,
+        "live_jobs": sizes.jobs,
         "inspector": inspector,
         "self_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
@@ -403,6 +406,12 @@ def markdown(report: dict[str, Any]) -> str:
     for s in report["step_overhead"]:
         per = s["us_per_step"] / s["running"]
         lines.append(f"| {s['running']:,} | {s['us_per_step']:,.0f} | {per:.1f} |")
+    lines += [
+        "",
+        f"Live ledgers (a scheduler and {WORLD} ranks, no journal) keep "
+        f"{report['live_bytes_per_job']:,.0f} bytes per finished job (tracemalloc, "
+        f"heap after {report['live_jobs']:,} lifecycles less the heap after half of them).",
+    ]
     lines += ["", "| replayed records | seconds | records/s | peak MB |", "|---|---|---|---|"]
     for p in report["replay_points"]:
         lines.append(

@@ -41,6 +41,10 @@ def test_quick_run_measures_every_row_against_its_target(tmp_path: Path) -> None
     for name in ("replay.png", "step.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [s["running"] for s in report["step_overhead"]] == [64, 256]
+    # What the live ledgers keep per finished job: some bytes, far below a
+    # whole job's state (a few KB) since the ledgers park what settled.
+    assert 0 < report["live_bytes_per_job"] < 20_000
+    assert "bytes per finished job" in table
 
 
 def test_results_are_never_overwritten_without_force(tmp_path: Path) -> None:
