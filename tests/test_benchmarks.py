@@ -52,3 +52,16 @@ def test_results_are_never_overwritten_without_force(tmp_path: Path) -> None:
     done = _run(tmp_path)
     assert done.returncode == 2 and "already exists" in done.stderr
     assert (tmp_path / "bench.json").read_text() == "mine\n"
+
+
+def test_the_demo_bound_times_ledger_calls_and_puts_the_classes_back() -> None:
+    from benchmarks.bench_demo import measure
+    from kvstate import SchedulerLedger, WorkerLedger
+
+    before = (SchedulerLedger.begin_step, WorkerLedger.register)
+    got = measure(12, "memory")
+    assert (SchedulerLedger.begin_step, WorkerLedger.register) == before
+    assert got["clean"] and got["finished"] == 12 and got["store"] == "memory"
+    assert got["ledger_calls"] > 100 and 0 < got["ledger_s"] < got["wall_s"]
+    assert got["ratio_bound"] == 1 - got["share"] and 0 < got["share"] < 1
+    assert "SchedulerLedger.begin_step" in got["slowest_calls"]
