@@ -11,9 +11,9 @@ a stale job can never touch a reused request id.
 All state is a :class:`~kvstate.rank.RankLedger` folded from this rank's own
 records, the same fold replay uses. Like the reference ledger, a worker
 ledger parks what has settled (a job reported here, a request with no live
-job) once nothing has named it for a while, packed, and brings it back
-whole when a call or record names it again: an engine that runs for days
-keeps what is live, not every job it ever saved.
+or pending job) a while after it came, packed, and brings it back whole
+when a call or record names it again: an engine that runs for days keeps
+what is live, not every job it ever saved.
 """
 
 from __future__ import annotations
@@ -102,9 +102,10 @@ class WorkerLedger:
         self.sweep_every = sweep_every
         self._records = 0
         self._parked_jobs = 0
-        #: jobs and requests in memory, in the order they came (see _recall)
-        self._named_jobs: OrderedDict[int, int] = OrderedDict()
-        self._named_requests: OrderedDict[str, int] = OrderedDict()
+        #: jobs and requests in memory, with the record count when each came
+        #: (registered, first seen, or brought back), oldest first (see _recall)
+        self._arrived_jobs: OrderedDict[int, int] = OrderedDict()
+        self._arrived_requests: OrderedDict[str, int] = OrderedDict()
         #: the generations this rank has seen of each request (parked with it)
         self._gens: dict[str, tuple[int, ...]] = {}
 
@@ -160,7 +161,7 @@ class WorkerLedger:
                 self.recorder.flush_before_raising()
                 raise DuplicateJobError(spec.job, self.rank)
             self._specs[spec.job] = spec
-            self._named_jobs[spec.job] = self._records
+            self._arrived_jobs[spec.job] = self._records
             self._saw_gen(spec.req, spec.gen)
             self._emit(ev.JobReceived(job=spec.job, rank=self.rank))
 
@@ -262,16 +263,17 @@ class WorkerLedger:
         gens = self._gens.get(req)
         if gens is None:
             self._gens[req] = (gen,)
-            self._named_requests[req] = self._records
+            self._arrived_requests[req] = self._records
         elif gen not in gens:
             self._gens[req] = (*gens, gen)
 
     def _park_settled(self) -> None:
-        """Park what has settled and has not been named for ``park_after`` records:
-        a job this rank has reported; a request with no job live or pending here."""
+        """Park what has settled and came (or came back) ``park_after`` records
+        ago or more: a job this rank has reported; a request with no job live
+        or pending here. Whatever has not settled is looked at again later."""
         horizon = self._records - self.park_after
-        sweep(self._named_jobs, horizon, self._records, self._job_settled, self._park_job)
-        sweep(self._named_requests, horizon, self._records, self._request_settled,
+        sweep(self._arrived_jobs, horizon, self._records, self._job_settled, self._park_job)
+        sweep(self._arrived_requests, horizon, self._records, self._request_settled,
               self._park_request)  # fmt: skip
 
     def _job_settled(self, job: int) -> bool | None:
@@ -303,7 +305,7 @@ class WorkerLedger:
         spec = self._specs[job] = JobSpec(*row)
         self.state.jobs[job] = rj
         self._parked_jobs -= 1
-        self._named_jobs[job] = self._records
+        self._arrived_jobs[job] = self._records
         return spec
 
     def _park_request(self, req: str) -> None:
@@ -318,7 +320,7 @@ class WorkerLedger:
         gens, part = unpack_rank_request(blob)
         self._gens[req] = gens
         self.state.put_request(req, part)
-        self._named_requests[req] = self._records
+        self._arrived_requests[req] = self._records
 
     # -- running a job -----------------------------------------------------------------
 
