@@ -60,8 +60,11 @@ async def _answer(app: _Timed, pilot: Any, key: str) -> float:
     await app.handled.wait()
     await app.settled()
     # every widget has handled what the answer sent it (a table measures its
-    # new rows on its own queue), and then the screen has been repainted
-    await pilot._wait_for_screen()
+    # new rows on its own queue), and then the screen has been repainted.
+    # _wait_for_screen is what pilot.pause() runs before its idle sleeps; a
+    # textual without it gets the whole pause (slower, never faster).
+    wait_for_screen = getattr(pilot, "_wait_for_screen", None)
+    await (wait_for_screen() if wait_for_screen is not None else pilot.pause())
     await app.wait_for_refresh()
     return time.perf_counter() - start
 
