@@ -139,12 +139,14 @@ class Journal:
         pack = self._pack
         envelope = _chain.pack_envelope
         blake2b, size = hashlib.blake2b, _chain.DIGEST_SIZE
-        try:
-            # IMMEDIATE takes the write lock up front, so a concurrent writer
-            # waits on busy_timeout instead of failing at the first insert.
-            conn.execute("BEGIN IMMEDIATE")
-            last_seq, digest = self.head()
-            out = []
+        written = 0
+
+        def chained(last_seq: int, digest: bytes) -> Iterator[tuple[Any, ...]]:
+            # Rows are made as SQLite takes them, not collected first: a
+            # batch of thousands of rows alive at once was promoted through
+            # the collector's generations and set off full collections of
+            # the engine's heap (append cost per row doubled at 8k rows).
+            nonlocal written
             for seq, kind, step, rank, ts, payload in rows:
                 if seq <= last_seq:
                     why = "is negative" if seq < 0 else f"does not follow seq {last_seq}"
@@ -155,15 +157,21 @@ class Journal:
                 h.update(envelope((seq, kind, step, rank, ts)))
                 h.update(packed)
                 digest = h.digest()
-                out.append((seq, kind, step, rank, ts, packed, digest))
+                yield (seq, kind, step, rank, ts, packed, digest)
+                written += 1
                 last_seq = seq
-            conn.executemany(_INSERT, out)
+
+        try:
+            # IMMEDIATE takes the write lock up front, so a concurrent writer
+            # waits on busy_timeout instead of failing at the first insert.
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(_INSERT, chained(*self.head()))
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        return len(out)
+        return written
 
     def create_views(self, kinds: Mapping[str, Sequence[str]]) -> None:
         """Create one SQL view per record kind (see :func:`journal._schema.create_views`)."""

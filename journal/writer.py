@@ -186,11 +186,12 @@ class JournalWriter(Generic[T]):
                 return
             try:
                 encode = self._encode
-                encoded = [encode(item) for item in batch]
-                if encoded and type(encoded[0]) is tuple:
-                    self.journal.append_rows(encoded)  # type: ignore[arg-type]
+                if batch and type(encode(batch[0])) is tuple:
+                    # encoded as the journal takes them (see Journal.append_rows)
+                    rows = map(encode, batch)
+                    self.journal.append_rows(rows)  # type: ignore[arg-type]
                 else:
-                    self.journal.append(encoded)  # type: ignore[arg-type]
+                    self.journal.append([encode(item) for item in batch])  # type: ignore[misc]
             except BaseException as exc:
                 self._error = exc
                 self.unwritten.append(batch)
