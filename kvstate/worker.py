@@ -120,16 +120,10 @@ class WorkerLedger:
         self._records += 1
         job: int | None = getattr(event, "job", None)
         req: str | None = getattr(event, "req", None)
-        if job is not None:
-            spec = self._specs.get(job)
-            if spec is None or spec.req not in self._gens or (req is not None and req != spec.req):
-                self._recall(job, req)
-        elif req is not None:
-            if req not in self._gens:
-                self._recall(req=req)
-            gen: int | None = getattr(event, "gen", None)  # preemption_seen, request_retired
-            if gen is not None:
-                self._saw_gen(req, gen)
+        self._recall(job, req)
+        gen: int | None = getattr(event, "gen", None)  # preemption_seen, request_retired
+        if req is not None and gen is not None:
+            self._saw_gen(req, gen)
         found: list[Violation] = []
         self.state.apply(entry.seq, event, found)
         if self._records % self.sweep_every == 0:
