@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import queue
 import threading
 import weakref
@@ -184,14 +185,17 @@ class JournalWriter(Generic[T]):
             if self._error is not None:
                 self.unwritten.append(batch)
                 return
+            if not batch:
+                return
             try:
                 encode = self._encode
-                if batch and type(encode(batch[0])) is tuple:
+                first = encode(batch[0])
+                rest = map(encode, itertools.islice(batch, 1, None))
+                if type(first) is tuple:
                     # encoded as the journal takes them (see Journal.append_rows)
-                    rows = map(encode, batch)
-                    self.journal.append_rows(rows)  # type: ignore[arg-type]
+                    self.journal.append_rows(itertools.chain((first,), rest))  # type: ignore[arg-type]
                 else:
-                    self.journal.append([encode(item) for item in batch])  # type: ignore[misc]
+                    self.journal.append([first, *rest])  # type: ignore[list-item]
             except BaseException as exc:
                 self._error = exc
                 self.unwritten.append(batch)
