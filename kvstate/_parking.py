@@ -25,7 +25,8 @@ K = TypeVar("K")
 
 #: records between two sweeps that park settled jobs and requests
 SWEEP_EVERY = 4096
-#: a settled job or request is parked once no record has named it for this many
+#: a settled job or request is parked once it has waited this many records in
+#: its ledger's queue (since last named, or since it came: see each ledger)
 PARK_AFTER = 8192
 
 
@@ -130,13 +131,14 @@ def sweep(
     settled: Callable[[K], bool | None],
     park: Callable[[K], None],
 ) -> None:
-    """Park what was last named at or before ``horizon`` and has settled.
+    """Park what was queued at or before ``horizon`` and has settled.
 
-    ``named`` maps each key to when a record last named it, oldest first (a
-    naming moves the key to the end), so the sweep stops at the first key
-    named after ``horizon``. ``settled`` answers True (park it), False (not
-    yet: look again ``park_after`` records from ``now``) or None (nothing
-    left to park: forget the key).
+    ``named`` maps each key to the record count when it was queued, oldest
+    first (the reference ledger requeues a key each time a record names it;
+    a worker ledger when it comes or comes back), so the sweep stops at the
+    first key queued after ``horizon``. ``settled`` answers True (park it),
+    False (not yet: queued again at ``now``) or None (nothing left to park:
+    forget the key).
     """
     later = []
     while named:
