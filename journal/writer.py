@@ -69,16 +69,24 @@ class JournalWriter(Generic[T]):
         self._buffer: list[T] = []
         self._error: BaseException | None = None
         self.unwritten: list[list[T]] = []
-        self._queue: queue.Queue[object] | None = None
+        self._queue: queue.SimpleQueue[object] | None = None
         self._thread: threading.Thread | None = None
-        # Batches handed over and batches written, counted, so a commit can
+        # Each batch handed over carries a ticket, and the writer thread
+        # publishes the ticket of the last batch it wrote, so a commit can
         # wait for exactly its own batch.
         self._submitted = 0
         self._written = 0
-        self._progress = threading.Condition()
+        # Locks held by waiting commits, released after every batch. Not a
+        # threading.Condition: its __exit__ is Python code, and a signal
+        # handler raising on entry to it leaves the lock held, so the writer
+        # thread blocks on it for good and the caller's cleanup flush waits
+        # forever (a SIGTERM'd `kvstate run` hung that way). Every lock the
+        # caller's thread takes here is a C lock, released by its `with`.
+        self._waiting: list[threading.Lock] = []
+        self._waiting_lock = threading.Lock()
         self._closed = False
         if background:
-            self._queue = queue.Queue()
+            self._queue = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
             self._thread.start()
         _OPEN.add(self)
@@ -105,31 +113,49 @@ class JournalWriter(Generic[T]):
         # KeyboardInterrupt in the middle of a write there would be taken for
         # a failed write and swallowed (a run would not stop on Ctrl-C).
         with self._lock:
-            batch, self._buffer = self._buffer, []
-            if not batch:
-                ticket = self._submitted
-            else:
-                self._submitted += 1
-                ticket = self._submitted
-                # Under the lock: batches are written in commit order.
-                if self._queue is not None:
-                    self._queue.put(batch)
+            batch = self._buffer
+            ticket = self._submitted
+            if batch:
+                ticket += 1
+                self._buffer = []
+                if self._queue is None:
+                    self._submitted = ticket
+                    self._write(ticket, batch)
                 else:
-                    self._write(batch)
+                    # A signal handler may raise here (a CLI turns SIGTERM
+                    # into an exception) and the caller then flushes in its
+                    # cleanup. SimpleQueue.put is one C call that cannot
+                    # fail, so such an exception comes after the batch was
+                    # queued: the ticket is counted all the same. With a
+                    # ticket counted but no batch queued, that flush would
+                    # wait forever; with a batch queued twice, its records
+                    # would be written twice.
+                    try:
+                        # Under the lock: batches are written in commit order.
+                        self._queue.put((ticket, batch))
+                    finally:
+                        self._submitted = ticket
         if wait:
             self._wait_for(ticket)
             self._raise_if_failed()
 
     def _wait_for(self, ticket: int) -> None:
         thread = self._thread
-        with self._progress:
-            while self._written < ticket:
-                if thread is not None and not thread.is_alive():
-                    # The interpreter is shutting down and took the thread:
-                    # write what is left from here.
-                    self._drain_here()
-                    return
-                self._progress.wait(0.1)
+        while self._written < ticket:
+            woken = threading.Lock()
+            woken.acquire()
+            with self._waiting_lock:
+                self._waiting.append(woken)
+            # Registered before this check, and the writer publishes its
+            # ticket before it wakes the registered: no wake-up is missed.
+            if self._written >= ticket:
+                return
+            if thread is not None and not thread.is_alive():
+                # The interpreter is shutting down and took the thread:
+                # write what is left from here.
+                self._drain_here()
+                return
+            woken.acquire(timeout=0.1)
 
     def _drain_here(self) -> None:
         q = self._queue
@@ -137,11 +163,11 @@ class JournalWriter(Generic[T]):
             return
         while True:
             try:
-                batch = q.get_nowait()
+                item = q.get_nowait()
             except queue.Empty:
                 return
-            if batch is not _STOP:
-                self._write(cast("list[T]", batch))
+            if item is not _STOP:
+                self._write(*cast("tuple[int, list[T]]", item))
 
     def flush(self) -> None:
         """Commit and wait until everything handed over is on disk."""
@@ -175,12 +201,12 @@ class JournalWriter(Generic[T]):
         if q is None:
             raise JournalError("writer thread started without a queue")
         while True:
-            batch = q.get()
-            if batch is _STOP:
+            item = q.get()
+            if item is _STOP:
                 return
-            self._write(cast("list[T]", batch))
+            self._write(*cast("tuple[int, list[T]]", item))
 
-    def _write(self, batch: list[T]) -> None:
+    def _write(self, ticket: int, batch: list[T]) -> None:
         try:
             if self._error is not None:
                 self.unwritten.append(batch)
@@ -200,9 +226,11 @@ class JournalWriter(Generic[T]):
                 self._error = exc
                 self.unwritten.append(batch)
         finally:
-            with self._progress:
-                self._written += 1
-                self._progress.notify_all()
+            self._written = ticket
+            with self._waiting_lock:
+                waiting, self._waiting = self._waiting, []
+            for woken in waiting:
+                woken.release()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
