@@ -37,7 +37,7 @@ LEFT_OUT = frozenset({"torchvision", "torchaudio", "torchcodec", "triton"})
 #: kvstate's own runtime requirements (it is installed editable, --no-deps)
 KVSTATE_DEPS = ("attrs>=23.1", "msgpack>=1.0", "sqlite-utils>=3.35", "rich>=13.0")
 MARKER = ".kvstate-installed"
-#: what one venv takes (3.6 GB measured with triton, 2.6 GB without), plus
+#: what one venv takes (3.6 GB measured with triton, 2.5 GB without), plus
 #: room for pip's downloads; a new venv is not started with less free
 NEEDED_BYTES = 4 * 1024**3
 #: how much of pip's log a failure carries
