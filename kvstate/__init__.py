@@ -22,6 +22,7 @@ from .ledger import Ledger
 from .rank import RankLedger
 from .recorder import Recorder
 from .scheduler import SchedulerLedger
+from .spill import SpillArchive
 from .state import (
     BlockState,
     Incarnation,
@@ -92,6 +93,7 @@ __all__ = [
     "RefcountUnderflowError",
     "RequestState",
     "SchedulerLedger",
+    "SpillArchive",
     "StaleGenerationError",
     "StoreJobState",
     "StoreRequestState",

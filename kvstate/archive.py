@@ -15,8 +15,8 @@ key. Keys are history by nature (the store holds them), so they are written
 to the log and never held by the fold.
 
 :class:`Archive` keeps both in this process (packed, a few hundred bytes
-per job); :class:`replay.spill.SpillArchive` keeps them in a temporary SQLite
-file, for journals of any length.
+per job); :class:`kvstate.spill.SpillArchive` keeps them in a temporary SQLite
+file, for journals of any length and engines that run for weeks.
 """
 
 from __future__ import annotations

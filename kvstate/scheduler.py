@@ -36,15 +36,26 @@ class SchedulerLedger:
     :class:`~kvstate.violations.InvariantViolation`) right after its record
     is journaled, so replay shows the same breach. Without it, violations
     collect in :attr:`violations`.
+
+    ``archive`` is where settled jobs and requests are parked: in memory by
+    default (a few hundred bytes per finished job stay behind); pass a
+    :class:`kvstate.spill.SpillArchive` to keep them in a temporary file, so
+    memory follows live state however long the engine runs. The caller owns
+    it (``close()`` it when the ledger is done).
     """
 
-    def __init__(self, recorder: Recorder, *, strict: bool = True) -> None:
+    def __init__(
+        self, recorder: Recorder, *, strict: bool = True, archive: Archive | None = None
+    ) -> None:
         self.recorder = recorder
         self.strict = strict
         # Settled jobs and requests are parked (kvstate.archive), so a ledger
-        # that lives as long as the engine keeps what is live, plus a packed
-        # few hundred bytes per finished job.
-        self.ledger = Ledger(observes_workers=False, archive=Archive())
+        # that lives as long as the engine keeps what is live: plus a packed
+        # few hundred bytes per finished job in the default in-memory archive,
+        # plus nothing with a kvstate.spill.SpillArchive (they go to disk).
+        self.ledger = Ledger(
+            observes_workers=False, archive=archive if archive is not None else Archive()
+        )
         header = recorder.header
         self.ledger.apply(header.seq, header.step, header.event)
         self.block_size = self.ledger.block_size

@@ -12,8 +12,10 @@ All state is a :class:`~kvstate.rank.RankLedger` folded from this rank's own
 records, the same fold replay uses. Like the reference ledger, a worker
 ledger parks what has settled (a job reported here, a request with no live
 or pending job) a while after it came, packed, and brings it back whole
-when a call or record names it again: an engine that runs for days keeps
-what is live, not every job it ever saved.
+when a call or record names it again. Parked state stays in memory, a few
+hundred bytes a job, unless the ledger is given a
+:class:`kvstate.spill.SpillArchive`: then an engine that runs for weeks keeps
+in memory what is live, not every job it ever saved.
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ class WorkerLedger:
     Thread-safe: registration and preemption notices come from the worker's
     main thread while jobs run on the sending thread; one lock orders them,
     like the connector's ``done_task_lock``.
+
+    ``archive``: where settled jobs and requests are parked, as for
+    :class:`~kvstate.scheduler.SchedulerLedger` (in memory by default; a
+    :class:`kvstate.spill.SpillArchive` keeps them on disk; the caller owns it).
     """
 
     def __init__(
@@ -80,6 +86,7 @@ class WorkerLedger:
         commit_steps: bool = False,
         park_after: int = PARK_AFTER,
         sweep_every: int = SWEEP_EVERY,
+        archive: Archive | None = None,
     ) -> None:
         self.rank = rank
         self.recorder = recorder
@@ -96,8 +103,9 @@ class WorkerLedger:
         self.step = 0
         self._completed: dict[int, int] = {}
         self._lock = threading.RLock()
-        #: settled jobs and requests, packed (see kvstate.archive)
-        self.archive = Archive()
+        #: settled jobs and requests, packed (see kvstate.archive); only ever
+        #: used with the lock held, so a SpillArchive needs no lock of its own
+        self.archive = archive if archive is not None else Archive()
         self.park_after = park_after
         self.sweep_every = sweep_every
         self._records = 0

@@ -12,10 +12,10 @@ from journal import RecordError
 from kvstate.archive import Archive
 from kvstate.codec import Entry
 from kvstate.ledger import Ledger
+from kvstate.spill import SpillArchive
 from kvstate.violations import Code, Violation
 
 from .sources import Located, Origin, open_stream
-from .spill import SpillArchive
 
 
 @attrs.define

@@ -23,11 +23,11 @@ from typing import Any, TextIO
 from kvstate import events as ev
 from kvstate.codec import Entry
 from kvstate.ledger import Ledger
+from kvstate.spill import SpillArchive
 
 from .engine import folding
 from .explain import describe
 from .sources import open_stream
-from .spill import SpillArchive
 
 SCHEDULER_PID = 1
 SENDING_TID = 1

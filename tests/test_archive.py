@@ -207,19 +207,25 @@ def test_live_ledgers_that_park_decide_the_same(tmp_path: Path, policy: str, fau
     after every record must not change one decision: the journals are the
     same, record for record, and so are the run's counts."""
     from kvstate.harness.sim.runtime import Simulation
+    from kvstate.spill import SpillArchive
 
     parked_count: list[int] = []
     worker_parked: list[int] = []
+    spills: list[SpillArchive] = []
 
-    def run(park: bool, name: str) -> tuple[object, list[tuple[str, object]]]:
+    def run(park: bool, name: str, *, spill: bool = False) -> tuple[object, list[object]]:
         config = SimConfig(requests=48, policy=policy, seed=4, faults=Faults.parse(faults))
         sim = Simulation(config, journal=str(tmp_path / name))
+        ledgers = [sim.sched_ledger.ledger, *(w.ledger for w in sim.workers)]
         if park:
-            sim.sched_ledger.ledger.park_after = 1
-            sim.sched_ledger.ledger.sweep_every = 1
-            for w in sim.workers:
-                w.ledger.park_after = 1
-                w.ledger.sweep_every = 1
+            for ledger in ledgers:
+                ledger.park_after = 1
+                ledger.sweep_every = 1
+        if spill:
+            # What a connector passes as archive=SpillArchive(); nothing is parked yet.
+            spills.extend(SpillArchive() for _ in ledgers)
+            for ledger, archive in zip(ledgers, spills, strict=True):
+                ledger.archive = archive
         try:
             summary = sim.run()
             parked_count.append(len(sim.sched_ledger.ledger.archive))
@@ -231,10 +237,17 @@ def test_live_ledgers_that_park_decide_the_same(tmp_path: Path, policy: str, fau
 
     kept_summary, kept = run(False, "kept.db")
     parked_summary, parked = run(True, "parked.db")
+    spilled_summary, spilled = run(True, "spilled.db", spill=True)
     assert parked == kept and parked_summary == kept_summary
+    assert spilled == kept and spilled_summary == kept_summary
     assert len(kept) > 1000
     assert parked_count[0] == 0 and parked_count[1] > 0, parked_count  # it did park
     assert worker_parked[0] == 0 and worker_parked[1] > 0, worker_parked
+    # ...and spilled: every ledger's parked state went to its temporary file
+    assert parked_count[2] > 0 and worker_parked[2] > 0
+    assert all(not s.in_memory for s in spills), "the spill fell back to memory"
+    for s in spills:
+        s.close()
 
 
 def fold_with(archive: Archive, items: list[Entry]) -> tuple[Ledger, list[dict[str, object]]]:
@@ -244,7 +257,7 @@ def fold_with(archive: Archive, items: list[Entry]) -> tuple[Ledger, list[dict[s
 
 
 def test_the_spill_archive_folds_like_the_memory_one(tmp_path: Path) -> None:
-    from replay.spill import SpillArchive
+    from kvstate.spill import SpillArchive
 
     path = tmp_path / "run.db"
     simulate(SimConfig(requests=60, seed=6, policy="legacy"), journal=str(path))
@@ -260,7 +273,7 @@ def test_the_spill_archive_folds_like_the_memory_one(tmp_path: Path) -> None:
 def test_a_full_disk_keeps_the_rest_in_memory_and_changes_nothing(tmp_path: Path) -> None:
     """SQLITE_FULL part-way (the temporary database may not grow): what could not
     be written stays in memory, and every finding is still the same."""
-    from replay.spill import SpillArchive
+    from kvstate.spill import SpillArchive
 
     path = tmp_path / "run.db"
     simulate(SimConfig(requests=60, seed=6, policy="legacy"), journal=str(path))
@@ -278,7 +291,7 @@ def test_a_full_disk_keeps_the_rest_in_memory_and_changes_nothing(tmp_path: Path
 
 def test_unreadable_temporary_storage_is_an_error_not_a_wrong_answer() -> None:
     from journal import JournalError
-    from replay.spill import SpillArchive
+    from kvstate.spill import SpillArchive
 
     spill = SpillArchive()
     spill.put(("job", 1), b"x")
@@ -289,14 +302,18 @@ def test_unreadable_temporary_storage_is_an_error_not_a_wrong_answer() -> None:
         spill.take(("job", 2))
 
 
-def test_a_long_running_worker_keeps_what_is_live() -> None:
+@pytest.mark.parametrize("spill", [False, True])
+def test_a_long_running_worker_keeps_what_is_live(spill: bool) -> None:
     """A worker ledger that saved thousands of jobs holds only the recent ones
-    in its fold; the rest are parked, and come back when named."""
+    in its fold; the rest are parked, and come back when named. Given a
+    SpillArchive, what is parked is on disk: memory holds none of it."""
     from kvstate import JobSpec, Recorder, WorkerLedger
     from kvstate.errors import DuplicateJobError
+    from kvstate.spill import SpillArchive
 
     rec = Recorder.in_memory(block_size=16, world_size=1)
-    worker = WorkerLedger(0, rec, park_after=64, sweep_every=32)
+    archive = SpillArchive() if spill else Archive()
+    worker = WorkerLedger(0, rec, park_after=64, sweep_every=32, archive=archive)
     for job in range(3000):
         req = f"r{job}"
         worker.register(JobSpec(job, req, 0, (f"k{job}",)))
@@ -308,6 +325,11 @@ def test_a_long_running_worker_keeps_what_is_live() -> None:
     assert worker.jobs_received == 3000
     assert len(worker.state.jobs) < 200 and len(worker.state.requests) < 200
     assert len(worker._specs) < 200
+    assert len(archive) > 5000
+    if isinstance(archive, SpillArchive):
+        # nothing parked in memory but the batch not yet written
+        archive._flush_puts()
+        assert not archive.in_memory and not archive._top.own and not archive._puts
     # a parked job and request come back whole when named
     assert worker.spec(7) == JobSpec(7, "r7", 0, ("k7",))
     assert not worker.is_live(7) and worker.newest_gen("r7") == 0

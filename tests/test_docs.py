@@ -33,10 +33,14 @@ def python_blocks(path: Path) -> list[str]:
 
 
 def test_quickstart_runs_and_prints_what_it_claims() -> None:
-    (code,) = python_blocks(DOCS / "quickstart.md")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    first, long_running = python_blocks(DOCS / "quickstart.md")
+    proc = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["[(0, (5, 4))]", "False", "clean 19"]
+    # An engine that runs for weeks: settled state parked in a SpillArchive.
+    proc = subprocess.run([sys.executable, "-c", long_running], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["1952 4095", "req-3 req-3"]
 
 
 def console_blocks(page: Path) -> list[list[tuple[str, list[str]]]]:

@@ -1,7 +1,7 @@
 """``kvstate inspect --once``: the overview and every violation, streamed.
 
 One pass folds the journal (settled state parked on disk, see
-:mod:`replay.spill`) while counting records by kind and violations by
+:mod:`kvstate.spill`) while counting records by kind and violations by
 code; the violations themselves go to a spool on disk. Then the overview is
 printed, and the violations one line each, so a journal of any length and
 any number of violations prints in the same memory.
@@ -17,12 +17,12 @@ from rich.console import Console
 from rich.text import Text
 
 from kvstate.ledger import Ledger
+from kvstate.spill import SpillArchive, ViolationSpool
 from kvstate.violations import CODE_ORDER, Code
 from replay.engine import folding
 from replay.report import emit
 from replay.safe import printable
 from replay.sources import open_stream
-from replay.spill import SpillArchive, ViolationSpool
 
 from ._views import overview
 

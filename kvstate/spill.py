@@ -1,21 +1,28 @@
-"""An archive on disk, so replay's memory does not grow with the journal.
+"""An archive on disk, so memory does not grow with history.
 
 :class:`SpillArchive` keeps parked jobs and requests and the key log (see
 :mod:`kvstate.archive`) in a private temporary SQLite database: SQLite
 creates it in the temporary directory, holds a few megabytes of it in
-memory, and deletes it when the connection closes. Nothing is written
-beside the user's journals.
+memory, and deletes it when the connection closes (or the process ends).
+Nothing is written beside the user's journals.
+
+Replay, ``export`` and ``inspect --once`` park into one, so a journal of any
+length replays in the same memory. A connector can hand one to its
+:class:`~kvstate.scheduler.SchedulerLedger` and each
+:class:`~kvstate.worker.WorkerLedger` (``archive=SpillArchive()``), so an
+engine that runs for weeks holds what is live, not every job it has saved.
 
 Writes are buffered and inserted in batches; a read first flushes what is
 pending, so every answer is as if each write had gone straight in. Reads are
-rare by design: a parked entity is read back only when a late record names
-it, a key only when an audit record does.
+rare by design: a parked entity is read back only when a record or a call
+names it, a key only when an audit record does.
 
 An incident tool must survive the incident, a full disk included: when the
 temporary database cannot be written, what has not been written stays in
 memory and everything after it goes there too (the archive becomes the
 in-memory one it extends); only if what was already written cannot be read
-back does replay stop, with :class:`journal.JournalError` (exit status 2).
+back does the fold stop, with :class:`journal.JournalError` (the command line's
+exit status 2), never with a wrong answer.
 """
 
 from __future__ import annotations
@@ -66,7 +73,9 @@ def _read(db: sqlite3.Connection | None, sql: str, args: tuple[Any, ...] = ()) -
     try:
         return db.execute(sql, args).fetchall()
     except sqlite3.Error as exc:
-        raise JournalError(f"replay's temporary storage cannot be read back: {exc}") from exc
+        raise JournalError(
+            f"kvstate's temporary storage (parked ledger state) cannot be read back: {exc}"
+        ) from exc
 
 
 class SpillArchive(Archive):
