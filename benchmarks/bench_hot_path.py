@@ -28,6 +28,7 @@ import tracemalloc
 from collections.abc import Callable
 
 from kvstate import JobSpec, Recorder, SchedulerLedger, WorkerLedger
+from kvstate.archive import Archive
 from kvstate.events import JournalOpened
 from replay import replay
 
@@ -36,15 +37,32 @@ WORLD = 2
 BLOCK = 16
 
 
-def lifecycle(recorder: Recorder, jobs: int, *, between: Callable[[], None] | None = None) -> int:
+def lifecycle(
+    recorder: Recorder,
+    jobs: int,
+    *,
+    between: Callable[[], None] | None = None,
+    archive: Callable[[], Archive] = Archive,
+) -> int:
     """Run ``jobs`` complete store jobs; returns how many events were recorded.
 
     ``between`` is called once half the jobs are done and again when all
     are, while the ledgers still exist (the live-memory measurement looks at
-    the heap there).
+    the heap there). ``archive`` makes each ledger's archive.
     """
-    sched = SchedulerLedger(recorder)
-    workers = [WorkerLedger(r, recorder) for r in range(WORLD)]
+    archives = [archive() for _ in range(WORLD + 1)]
+    try:
+        return _lifecycle(recorder, jobs, between, archives)
+    finally:
+        for made in archives:
+            made.close()
+
+
+def _lifecycle(
+    recorder: Recorder, jobs: int, between: Callable[[], None] | None, archives: list[Archive]
+) -> int:
+    sched = SchedulerLedger(recorder, archive=archives[0])
+    workers = [WorkerLedger(r, recorder, archive=archives[r + 1]) for r in range(WORLD)]
     for i in range(jobs):
         if between is not None and i == jobs // 2:
             between()
@@ -77,10 +95,11 @@ def count(recorder: Recorder) -> int:
     return recorder.recorded
 
 
-def live_bytes_per_job(jobs: int) -> float:
+def live_bytes_per_job(jobs: int, archive: Callable[[], Archive] = Archive) -> float:
     """Bytes the live ledgers (a scheduler and its ranks, no journal) still hold
     per finished job: the heap after ``jobs`` lifecycles less the heap after
-    half of them, over the jobs in between. Bounded by live state is 0."""
+    half of them, over the jobs in between. Bounded by live state is 0.
+    ``archive``: where the ledgers park (SpillArchive: on disk, not counted)."""
     rec = Recorder(JournalOpened(version=1, block_size=BLOCK, world_size=WORLD))
     marks: list[int] = []
 
@@ -90,7 +109,7 @@ def live_bytes_per_job(jobs: int) -> float:
 
     tracemalloc.start()
     try:
-        lifecycle(rec, jobs, between=mark)
+        lifecycle(rec, jobs, between=mark, archive=archive)
     finally:
         tracemalloc.stop()
     return (marks[1] - marks[0]) / (jobs - jobs // 2)

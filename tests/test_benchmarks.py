@@ -45,6 +45,7 @@ def test_quick_run_measures_every_row_against_its_target(tmp_path: Path) -> None
     # whole job's state (a few KB) since the ledgers park what settled.
     assert 0 < report["live_bytes_per_job"] < 20_000
     assert "bytes per finished job" in table
+    assert isinstance(report["live_bytes_per_job_spilled"], float) and "SpillArchive" in table
 
 
 def test_results_are_never_overwritten_without_force(tmp_path: Path) -> None:
