@@ -78,3 +78,25 @@ def test_run_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert {v["code"] for v in report["violations"]} >= {"POISONED_READ", "POISONED_KEY"}
     assert main(["run", "--journal", str(fixed)]) == 2  # refuses to overwrite
     assert "already exists" in capsys.readouterr().err
+
+
+def test_a_journaled_run_keeps_no_history_and_counts_what_replay_finds(tmp_path: Path) -> None:
+    """With a journal the simulator keeps no entry in memory (a run of any
+    length holds what is live): its summary folds the journal back from
+    disk, and counts exactly what replay of that journal finds. Without a
+    journal it keeps them, and counts the same."""
+    from collections import Counter
+
+    from replay import replay
+
+    config = SimConfig(policy="legacy", seed=2, requests=48)
+    db = tmp_path / "run.db"
+    sim = Simulation(config, journal=db)
+    try:
+        summary = sim.run()
+        assert sim.recorder.entries is None
+    finally:
+        sim.close()
+    found = Counter(v.code.value for v in replay([str(db)]).violations if not v.is_warning)
+    assert summary.violations == dict(sorted(found.items())) and found["POISONED_READ"] > 0
+    assert simulate(config).violations == summary.violations

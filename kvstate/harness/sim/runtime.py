@@ -29,11 +29,14 @@ from typing import Any
 
 import attrs
 
+from journal import Journal
 from kvstate import events as ev
+from kvstate.codec import Entry, from_row
 from kvstate.harness.legacy import BEFORE_52372, POLICIES, LegacyCrash
 from kvstate.ledger import Ledger
 from kvstate.recorder import Recorder
 from kvstate.scheduler import SchedulerLedger
+from kvstate.spill import SpillArchive
 from kvstate.worker import WorkerLedger
 
 from . import store as st
@@ -210,7 +213,8 @@ class Simulation:
                 world_size=config.world_size,
                 policy=config.policy,
                 engine=header.engine or "",
-                keep=True,
+                # Not kept: the summary folds the journal back from disk, so
+                # a run of any length holds what is live, not its history.
                 clock=clock or time.monotonic_ns,
             )
         else:
@@ -603,12 +607,24 @@ class Simulation:
         s.crashes = int(self.crashed)
         s.rejected = len(self.engine.rejected)
         s.journal = self.journal
-        ledger = Ledger()
-        found = Counter(
-            v.code.value for v in ledger.fold(self.recorder.entries or []) if not v.is_warning
-        )
+        ledger = Ledger(archive=SpillArchive())
+        try:
+            found = Counter(v.code.value for v in ledger.fold(self.entries()) if not v.is_warning)
+        finally:
+            ledger.archive.close()
         s.violations = dict(sorted(found.items()))
         s.leaked_pins = found.get("LEAKED_PIN", 0)
+
+    def entries(self) -> Iterator[Entry]:
+        """Every entry recorded so far: kept in memory without a journal, read
+        back from the journal (flushed first) with one."""
+        if self.journal is None:
+            yield from self.recorder.entries or []
+            return
+        self.recorder.flush()
+        with Journal(self.journal, readonly=True) as journal:
+            for seq, kind, step, rank, ts, fields in journal.rows():
+                yield from_row(seq, kind, step, rank, ts, fields, self.journal)
 
     def close(self) -> None:
         self.recorder.close()
