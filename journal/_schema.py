@@ -16,7 +16,10 @@ import msgpack
 
 from .errors import JournalError
 
-SCHEMA_VERSION = 1
+#: 2: one chain link per commit, on its last row (1: a link on every row)
+SCHEMA_VERSION = 2
+#: the versions this reader reads (version 1 is the same chain, a commit per record)
+READABLE_VERSIONS = (1, 2)
 TABLE = "records"
 _COLUMNS = frozenset({"seq", "kind", "step", "rank", "ts", "payload", "digest"})
 _KIND_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -60,7 +63,7 @@ def create(conn: sqlite3.Connection) -> None:
                 "digest": bytes,
             },
             pk="seq",
-            not_null={"kind", "payload", "digest"},
+            not_null={"kind", "payload"},
             strict=True,
         )
     if "schema_version" not in db.table_names():
@@ -85,7 +88,7 @@ def check(conn: sqlite3.Connection, path: str) -> None:
     if not columns >= _COLUMNS:
         missing = ", ".join(sorted(_COLUMNS - columns))
         raise JournalError(f"{path}: not a kvstate journal ('{TABLE}' lacks {missing})")
-    if row is None or row[0] != SCHEMA_VERSION:
+    if row is None or row[0] not in READABLE_VERSIONS:
         found = None if row is None else row[0]
         raise JournalError(f"{path}: unknown journal schema version {found!r}")
 

@@ -21,7 +21,6 @@ it goes by.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import sqlite3
 import threading
@@ -39,12 +38,17 @@ _INSERT = (
     f"INSERT INTO {_schema.TABLE} (seq, kind, step, rank, ts, payload, digest) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
+_INSERT_UNLINKED = (
+    f"INSERT INTO {_schema.TABLE} (seq, kind, step, rank, ts, payload) VALUES (?, ?, ?, ?, ?, ?)"
+)
 _SELECT = f"SELECT seq, kind, step, rank, ts, payload, digest FROM {_schema.TABLE}"
 _FOLLOW_CHUNK = 4096
 #: rows fetched, chain-checked and decoded together when reading
 _READ_CHUNK = 1024
 #: one decoded row: seq, kind, step, rank, ts and the payload's fields
 Row = tuple[int, str, "int | None", "int | None", "int | None", Mapping[str, Any]]
+#: a row to append: its payload a mapping, or bytes the application encoded
+NewRow = tuple[int, str, "int | None", "int | None", "int | None", "Mapping[str, Any] | bytes"]
 #: ``synchronous`` levels a journal can be opened with (see the module docstring)
 SYNCHRONOUS = ("NORMAL", "FULL")
 #: the seq "before every record": seqs are non-negative
@@ -126,46 +130,39 @@ class Journal:
         """
         return self.append_rows((r.seq, r.kind, r.step, r.rank, r.ts, r.payload) for r in records)
 
-    def append_rows(self, rows: Iterable[Row]) -> int:
+    def append_rows(self, rows: Iterable[NewRow]) -> int:
         """:meth:`append` for rows ``(seq, kind, step, rank, ts, payload)``.
 
-        The writer thread's path: no :class:`Record` is built per record, and
-        packing, chaining and the insert happen in one loop. It shares the
-        engine's interpreter lock, so every step saved here is the engine's.
+        A payload is a mapping (packed here with msgpack) or bytes the
+        application already encoded. The batch is one commit: its rows are
+        inserted in one transaction and chained with one link, stored on the
+        last row (see :mod:`journal._chain`).
         """
         if self.readonly:
             raise JournalError(f"{self.path}: journal is open read-only")
         conn = self._conn
         pack = self._pack
-        envelope = _chain.pack_envelope
-        blake2b, size = hashlib.blake2b, _chain.DIGEST_SIZE
-        written = 0
-
-        def chained(last_seq: int, digest: bytes) -> Iterator[tuple[Any, ...]]:
-            # Rows are made as SQLite takes them, not collected first: a
-            # batch of thousands of rows alive at once was promoted through
-            # the collector's generations and set off full collections of
-            # the engine's heap (append cost per row doubled at 8k rows).
-            nonlocal written
+        try:
+            # IMMEDIATE takes the write lock up front, so a concurrent writer
+            # waits on busy_timeout instead of failing at the first insert,
+            # and the head read below is the one this commit follows.
+            conn.execute("BEGIN IMMEDIATE")
+            last_seq, previous = self.head()
+            batch: list[tuple[Any, ...]] = []
             for seq, kind, step, rank, ts, payload in rows:
                 if seq <= last_seq:
                     why = "is negative" if seq < 0 else f"does not follow seq {last_seq}"
                     raise RecordError(f"seq {seq} {why}", path=self.path, seq=seq)
-                packed = pack(payload if type(payload) is dict else dict(payload))
-                # _chain.link, inlined: this loop runs once per record written
-                h = blake2b(digest, digest_size=size)
-                h.update(envelope((seq, kind, step, rank, ts)))
-                h.update(packed)
-                digest = h.digest()
-                yield (seq, kind, step, rank, ts, packed, digest)
-                written += 1
+                if not isinstance(payload, bytes):
+                    payload = pack(payload if type(payload) is dict else dict(payload))
+                batch.append((seq, kind, step, rank, ts, payload))
                 last_seq = seq
-
-        try:
-            # IMMEDIATE takes the write lock up front, so a concurrent writer
-            # waits on busy_timeout instead of failing at the first insert.
-            conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(_INSERT, chained(*self.head()))
+            written = len(batch)
+            if batch:
+                digest = _chain.link(previous, batch)
+                last = batch.pop()
+                conn.executemany(_INSERT_UNLINKED, batch)
+                conn.execute(_INSERT, (*last, digest))
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -203,32 +200,57 @@ class Journal:
     ) -> Iterator[Row]:
         """:meth:`records` as plain tuples ``(seq, kind, step, rank, ts, payload)``.
 
-        The reading path of replay: rows are fetched, chain-checked and
-        decoded a chunk at a time, and no object is built per record beyond
-        the tuple and its payload dict. The checks are those of
-        :meth:`records`, which is this plus a :class:`Record` per row.
+        Rows are fetched, chain-checked and decoded a chunk at a time, and no
+        object is built per record beyond the tuple and its payload dict.
+        The checks are those of :meth:`records`, which is this plus a
+        :class:`Record` per row.
+        """
+        for chunk in self._chunks(after, upto, verify):
+            yield from self._decode_chunk(chunk)
+
+    def stored_rows(
+        self, *, after: int = BEFORE_FIRST, upto: int | None = None, verify: bool = True
+    ) -> Iterator[tuple[int, str, int | None, int | None, int | None, bytes]]:
+        """:meth:`rows` with each payload as the bytes stored, not decoded.
+
+        For an application that decodes payloads with a schema of its own
+        (replay's typed decoders): the chain and the column types are checked
+        as for :meth:`rows`; what the payload holds is the caller's to check.
+        """
+        for chunk in self._chunks(after, upto, verify):
+            for seq, kind, step, rank, ts, payload, _digest in chunk:
+                yield seq, kind, step, rank, ts, payload
+
+    def _chunks(
+        self, after: int, upto: int | None, verify: bool
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """Rows with ``after < seq <= upto`` in seq order, a chunk at a time.
+
+        With ``verify``, reading starts at the link before ``after`` and a row
+        is handed out only once the link of its commit checks out, so a
+        chunk holds whole verified commits; a break raises after the good
+        commits before it.
         """
         last = after
         try:
-            previous = self._digest_before(after) if verify else _chain.GENESIS
-            if upto is None:
-                cursor = self._conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq", (after,))
-            else:
-                cursor = self._conn.execute(
-                    f"{_SELECT} WHERE seq > ? AND seq <= ? ORDER BY seq", (after, upto)
-                )
+            start, previous = self._link_at_or_before(after) if verify else (after, None)
+            check = _Verifier(self.path, previous) if previous is not None else None
+            cursor = self._conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq", (start,))
             while True:
-                chunk = cursor.fetchmany(_READ_CHUNK)
-                if not chunk:
+                rows = cursor.fetchmany(_READ_CHUNK)
+                if not rows:
+                    if check is not None:
+                        check.end()
                     return
-                broken: RecordError | None = None
-                if verify:
-                    previous, good, broken = self._verify(chunk, previous)
-                    chunk = chunk[:good]
-                yield from self._decode_chunk(chunk)
+                good, broken = check.feed(rows) if check is not None else self._typed(rows)
+                chunk = [r for r in good if r[0] > after and (upto is None or r[0] <= upto)]
+                if chunk:
+                    yield chunk
+                    last = chunk[-1][0]
                 if broken is not None:
                     raise broken  # after the good records before it
-                last = chunk[-1][0]
+                if upto is not None and good and good[-1][0] >= upto:
+                    return
         except sqlite3.Error as exc:
             where = "the first record" if last == BEFORE_FIRST else f"the record after seq {last}"
             raise RecordError(f"cannot read {where}: {exc}", path=self.path) from exc
@@ -243,11 +265,12 @@ class Journal:
         """Yield records as another process appends them, until ``stop``.
 
         Reads in short chunks and never holds a read transaction between
-        polls, so the writer (in WAL mode) is never blocked.
+        polls, so the writer (in WAL mode) is never blocked. Commits are
+        atomic, so each poll sees whole commits and verifies their links.
         """
         should_stop = stop.is_set if isinstance(stop, threading.Event) else stop
-        previous = self._digest_before(after)
-        last = after
+        last, previous = self._link_at_or_before(after)
+        check = _Verifier(self.path, previous)
         while True:
             try:
                 rows = self._conn.execute(
@@ -257,52 +280,46 @@ class Journal:
                 raise RecordError(
                     f"cannot read the record after seq {last}: {exc}", path=self.path
                 ) from exc
-            for row in rows:
-                record, previous = self._decode(row, previous, True)
-                last = record.seq
-                yield record
+            good, broken = check.feed(rows)
+            for seq, kind, step, rank, ts, fields in self._decode_chunk(good):
+                if seq > after:
+                    yield Record(seq, kind, fields, step, rank, ts)
+            if broken is not None:
+                raise broken
+            if rows:
+                last = rows[-1][0]
             if len(rows) == _FOLLOW_CHUNK:
                 continue
             if should_stop is not None and should_stop():
                 return
             time.sleep(poll_interval)
 
-    def _digest_before(self, after: int) -> bytes:
+    def _link_at_or_before(self, after: int) -> tuple[int, bytes]:
+        """The seq and link of the last commit that ends at or before ``after``."""
         if after < 0:
-            return _chain.GENESIS
+            return BEFORE_FIRST, _chain.GENESIS
         row = self._conn.execute(
-            f"SELECT digest FROM {_schema.TABLE} WHERE seq <= ? ORDER BY seq DESC LIMIT 1",
+            f"SELECT seq, digest FROM {_schema.TABLE} WHERE seq <= ? AND digest IS NOT NULL "
+            "ORDER BY seq DESC LIMIT 1",
             (after,),
         ).fetchone()
-        return _chain.GENESIS if row is None else row[0]
+        if row is None:
+            return BEFORE_FIRST, _chain.GENESIS
+        if type(row[1]) is not bytes:
+            raise RecordError("row does not have the journal's column types", path=self.path,
+                              seq=row[0])  # fmt: skip
+        return row[0], row[1]
 
-    def _verify(
-        self, chunk: list[tuple[Any, ...]], previous: bytes
-    ) -> tuple[bytes, int, RecordError | None]:
-        """Check a chunk of rows against the chain.
-
-        Returns the last good digest, how many rows are good, and the error
-        for the first bad one (None when all are good), so the caller still
-        hands out every record before a break. One tight loop per chunk
-        (this is most of what reading costs): each digest is recomputed
-        from the one before, exactly as :func:`journal._chain.link` does on
-        append.
-        """
-        blake2b, pack, size = hashlib.blake2b, _chain.pack_envelope, _chain.DIGEST_SIZE
-        for good, (seq, kind, step, rank, ts, payload, digest) in enumerate(chunk):
-            if type(payload) is not bytes or type(digest) is not bytes or type(kind) is not str:
+    def _typed(
+        self, rows: list[tuple[Any, ...]]
+    ) -> tuple[list[tuple[Any, ...]], RecordError | None]:
+        """The rows that lead with the journal's column types, and the error for
+        the first that does not (the unverified path's only check)."""
+        for good, (seq, kind, _step, _rank, _ts, payload, _digest) in enumerate(rows):
+            if type(payload) is not bytes or type(kind) is not str:
                 why = "row does not have the journal's column types"
-                return previous, good, RecordError(why, path=self.path, seq=seq)
-            h = blake2b(previous, digest_size=size)
-            h.update(pack((seq, kind, step, rank, ts)))
-            h.update(payload)
-            if h.digest() != digest:
-                why = (
-                    "digest does not match the hash chain: the record or one before it was changed"
-                )
-                return previous, good, TamperedError(why, path=self.path, seq=seq)
-            previous = digest
-        return previous, len(chunk), None
+                return rows[:good], RecordError(why, path=self.path, seq=seq)
+        return rows, None
 
     def _decode_chunk(self, chunk: list[tuple[Any, ...]]) -> Iterator[Row]:
         unpack = msgpack.unpackb
@@ -328,17 +345,6 @@ class Journal:
                 )
             yield seq, kind, step, rank, ts, fields
 
-    def _decode(self, row: tuple[Any, ...], previous: bytes, verify: bool) -> tuple[Record, bytes]:
-        """One row (the follow path, which reads a few at a time)."""
-        digest = row[6]
-        if verify:
-            digest, _good, broken = self._verify([row], previous)
-            if broken is not None:
-                raise broken
-        for seq, kind, step, rank, ts, fields in self._decode_chunk([row]):
-            return Record(seq, kind, fields, step, rank, ts), digest
-        raise RecordError("row vanished while decoding", path=self.path, seq=row[0])
-
     # -- lifecycle ---------------------------------------------------------------
 
     def close(self) -> None:
@@ -360,3 +366,55 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Verifier:
+    """Checks rows against the chain, one commit at a time.
+
+    Rows are held until the row carrying their commit's link arrives; then
+    the link is recomputed (:func:`journal._chain.link`) and, if it matches,
+    the commit's rows are handed out. Schema-1 journals link every row, so
+    each of their rows is a commit of one.
+    """
+
+    def __init__(self, path: str, previous: bytes) -> None:
+        self.path = path
+        self.previous = previous
+        self.pending: list[tuple[Any, ...]] = []
+
+    def feed(self, rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], RecordError | None]:
+        """The rows of every commit completed and verified by ``rows``, and the
+        error for the first commit that fails (None when none does)."""
+        good: list[tuple[Any, ...]] = []
+        pending = self.pending
+        for row in rows:
+            seq, kind, _step, _rank, _ts, payload, digest = row
+            if (
+                type(payload) is not bytes
+                or type(kind) is not str
+                or (digest is not None and type(digest) is not bytes)
+            ):
+                why = "row does not have the journal's column types"
+                return good, RecordError(why, path=self.path, seq=seq)
+            pending.append(row)
+            if digest is None:
+                continue
+            if _chain.link(self.previous, (r[:6] for r in pending)) != digest:
+                first = pending[0][0]
+                span = f"seq {seq}" if first == seq else f"seqs {first}..{seq}"
+                why = (
+                    f"the link of the commit of {span} does not match the hash chain: "
+                    "a record of it or one before it was changed"
+                )
+                return good, TamperedError(why, path=self.path, seq=first)
+            self.previous = digest
+            good.extend(pending)
+            pending.clear()
+        return good, None
+
+    def end(self) -> None:
+        """At the end of the rows: records after the last link were never chained."""
+        if self.pending:
+            first, last = self.pending[0][0], self.pending[-1][0]
+            why = f"records of seqs {first}..{last} are not covered by a link of the hash chain"
+            raise TamperedError(why, path=self.path, seq=first)

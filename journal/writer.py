@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
-from .database import Journal, Row
+from .database import Journal, NewRow
 from .errors import JournalError
 from .record import Record
 
@@ -61,7 +61,7 @@ class JournalWriter(Generic[T]):
     """
 
     def __init__(
-        self, journal: Journal, encode: Callable[[T], Record | Row], *, background: bool = True
+        self, journal: Journal, encode: Callable[[T], Record | NewRow], *, background: bool = True
     ) -> None:
         self.journal = journal
         self._encode = encode

@@ -1,23 +1,38 @@
 """The event vocabulary of journal v1: one immutable value type per kind.
 
-Each kind of the journal v1 contract (``docs/events.md``) is a frozen, slotted ``attrs``
-class whose fields are validated at construction: ids are non-negative
-integers, enumerations take only their values, block lists become tuples. The
-envelope (``seq``, ``step``, ``ts``) belongs to the journal record, not to the
-event; worker events carry ``rank`` as a field because the spec lists it
-among their fields.
+Each kind of the journal v1 contract (``docs/events.md``) is a frozen
+``msgspec.Struct`` (``gc=False``: an event holds no cycles, so the cyclic
+collector never walks the millions an engine writes). The types below are the
+one definition of what a field may hold: msgspec checks them in C when a
+record is decoded (ids are non-negative 64-bit integers, enumerations take
+only their values, lists become tuples), and the same classes encode the
+storage form (msgpack) and the interchange form (JSON Lines). vLLM's own KV
+events and engine messages are msgspec Structs, so this costs an engine no
+new dependency.
 
-Unknown extra fields of an input record are kept in ``extra`` (keyword-only)
-so a round trip preserves them; the fold ignores them.
+Building an event does not validate it: a connector pays only for the
+struct (about 50-100 ns). Values are checked where records are decoded (the
+journal writer's auditor, replay, every reader), which names the seq of a
+bad record. A few cross-field rules (``token_end >= token_start``, the
+journal version, finite numbers) live in ``__post_init__``, which msgspec
+runs on construction and on decoding alike.
+
+The envelope (``seq``, ``step``, ``ts``) belongs to the journal record, not
+to the event; worker events carry ``rank`` as a field because the contract
+lists it among their fields.
+
+Unknown extra fields of an input record are kept in ``extra`` (a dict, or
+None when there are none) so a round trip preserves them; the fold ignores
+them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
-from typing import Any, ClassVar, TypeVar
+import math
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
 
-import attrs
+import msgspec
 
 JOURNAL_VERSION = 1
 
@@ -29,18 +44,8 @@ SIDE_AUDIT = "audit"
 MODES = ("append", "replace")
 SKIP_REASONS = ("stale", "pressure", "empty", "error")
 
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
-#: an attrs validator: (instance, attribute, value) -> None, raising on a bad value
-Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
-_INF = float("inf")
-
-
-# -- validators and converters -------------------------------------------------------
-# Hand-written rather than attrs.validators.* compositions: these run on the
-# connector's hot path and each costs one type check and one comparison.
-
-
 #: ids and counts are signed 64-bit integers on disk
+INT_MIN = -(2**63)
 INT_MAX = 2**63 - 1
 #: the largest ``world_size`` a journal can mean: replay never loops over
 #: declared ranks, but a bound keeps reports and tools honest
@@ -48,84 +53,25 @@ MAX_WORLD_SIZE = 1 << 16
 #: the largest ``block_size`` (tokens per block) a journal can mean
 MAX_BLOCK_SIZE = 1 << 24
 
+# -- the field types: each is the one definition of what a field may hold ----------
 
-def _nonneg(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if type(value) is not int or not 0 <= value <= INT_MAX:
-        raise ValueError(f"'{attribute.name}' must be a non-negative integer, not {value!r}")
-
-
-def _positive(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if type(value) is not int or not 0 < value <= INT_MAX:
-        raise ValueError(f"'{attribute.name}' must be a positive integer, not {value!r}")
-
-
-def _at_most(limit: int) -> Validator:
-    def check(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-        _positive(_inst, attribute, value)
-        if value > limit:
-            raise ValueError(f"'{attribute.name}' {value} is larger than any engine ({limit})")
-
-    return check
+Id = Annotated[int, msgspec.Meta(ge=0, le=INT_MAX)]
+Ids = tuple[Id, ...]
+Strings = tuple[str, ...]
+WorldSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_WORLD_SIZE)]
+BlockSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_BLOCK_SIZE)]
+Mode = Literal["append", "replace"]
+SkipReason = Literal["stale", "pressure", "empty", "error"]
+#: a descriptive value (a digest, an engine name): any JSON scalar, finite
+Scalar = Union[str, int, float, bool, None]  # noqa: UP007 (evaluated at run time on 3.10)
+#: a prompt's block hash: vLLM's are 64-bit integers or hex strings
+Hashes = tuple[str | Annotated[int, msgspec.Meta(ge=INT_MIN, le=INT_MAX)], ...]
 
 
-def _string(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if type(value) is not str:
-        raise ValueError(f"'{attribute.name}' must be a string, not {value!r}")
-
-
-def _opt_string(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and type(value) is not str:
-        raise ValueError(f"'{attribute.name}' must be a string or null, not {value!r}")
-
-
-def _boolean(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if type(value) is not bool:
-        raise ValueError(f"'{attribute.name}' must be true or false, not {value!r}")
-
-
-def _scalar(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and type(value) not in (str, int, float, bool):
-        raise ValueError(f"'{attribute.name}' must be a string or number, not {value!r}")
-    if type(value) is float and (value != value or value in (_INF, -_INF)):
-        raise ValueError(f"'{attribute.name}' must be a finite number, not {value!r}")
-
-
-def _one_of(values: tuple[str, ...]) -> Validator:
-    def check(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if value not in values:
-            allowed = ", ".join(values)
-            raise ValueError(f"'{attribute.name}' must be one of {allowed}, not {value!r}")
-
-    return check
-
-
-def _ids(value: Any) -> tuple[int, ...]:
-    if type(value) not in (list, tuple):
-        raise ValueError(f"expected a list of non-negative integers, not {value!r}")
-    for v in value:
-        if type(v) is not int or not 0 <= v <= INT_MAX:
-            raise ValueError(f"expected non-negative integers, found {v!r}")
-    return tuple(value)
-
-
-def _strings(value: Any) -> tuple[str, ...]:
-    if type(value) not in (list, tuple):
-        raise ValueError(f"expected a list of strings, not {value!r}")
-    for v in value:
-        if type(v) is not str:
-            raise ValueError(f"expected strings, found {v!r}")
-    return tuple(value)
-
-
-def _opt_hashes(value: Any) -> tuple[str | int, ...] | None:
-    if value is None:
-        return None
-    if type(value) not in (list, tuple):
-        raise ValueError(f"'hashes' must be a list, not {value!r}")
-    for v in value:
-        if type(v) not in (str, int) or (type(v) is int and not -INT_MAX - 1 <= v <= INT_MAX):
-            raise ValueError(f"'hashes' must hold strings or 64-bit integers, found {v!r}")
-    return tuple(value)
+def _finite(values: dict[str, Any]) -> None:
+    for name, value in values.items():
+        if type(value) is float and not math.isfinite(value):
+            raise ValueError(f"'{name}' must be a finite number, not {value!r}")
 
 
 # -- the base class and the registry -------------------------------------------------
@@ -133,8 +79,14 @@ def _opt_hashes(value: Any) -> tuple[str | int, ...] | None:
 EVENT_TYPES: dict[str, type[Event]] = {}
 
 
-@attrs.frozen(slots=True, kw_only=True)
-class Event:
+class Event(
+    msgspec.Struct,
+    frozen=True,
+    gc=False,
+    kw_only=True,
+    omit_defaults=True,
+    forbid_unknown_fields=True,
+):
     """Base of every event kind. ``kind`` and ``side`` are class constants."""
 
     kind: ClassVar[str] = ""
@@ -146,7 +98,9 @@ class Event:
     #: optional payload fields and their defaults (omitted from output when default)
     optional_fields: ClassVar[dict[str, Any]] = {}
 
-    extra: Mapping[str, Any] = attrs.field(default=_EMPTY, kw_only=True, repr=False)
+    # Stored under a name no record field can take ("kvstate:extra"), so an
+    # input field called "extra" is an extra like any other.
+    extra: dict[str, Any] | None = msgspec.field(default=None, name="kvstate:extra")
 
     def __copy__(self) -> Event:
         return self  # immutable: a copy would be the same value
@@ -164,10 +118,11 @@ def _kind(name: str, side: str) -> Callable[[type[E]], type[E]]:
     def register(cls: type[E]) -> type[E]:
         cls.kind = name
         cls.side = side
-        fields = [a for a in attrs.fields(cls) if a.name not in ("extra", "rank")]
-        cls.payload_fields = tuple(a.name for a in fields)
-        cls.required_fields = tuple(a.name for a in fields if a.default is attrs.NOTHING)
-        cls.optional_fields = {a.name: a.default for a in fields if a.default is not attrs.NOTHING}
+        fields = [f for f in msgspec.structs.fields(cls) if f.name not in ("extra", "rank")]
+        nodefault = msgspec.NODEFAULT
+        cls.payload_fields = tuple(f.name for f in fields)
+        cls.required_fields = tuple(f.name for f in fields if f.default is nodefault)
+        cls.optional_fields = {f.name: f.default for f in fields if f.default is not nodefault}
         EVENT_TYPES[name] = cls
         return cls
 
@@ -177,23 +132,26 @@ def _kind(name: str, side: str) -> Callable[[type[E]], type[E]]:
 # -- journal header ----------------------------------------------------------------
 
 
-def _version(_inst: object, _attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value != JOURNAL_VERSION or type(value) is not int:
-        raise ValueError(f"unknown journal version {value!r} (this reader knows version 1)")
-
-
 @_kind("journal_opened", SIDE_JOURNAL)
-@attrs.frozen(slots=True)
-class JournalOpened(Event):
+class JournalOpened(Event, frozen=True):
     """First record of every journal: format version and engine geometry."""
 
-    version: int = attrs.field(validator=_version)
-    block_size: int = attrs.field(validator=_at_most(MAX_BLOCK_SIZE))
-    world_size: int = attrs.field(validator=_at_most(MAX_WORLD_SIZE))
+    version: int
+    block_size: BlockSize
+    world_size: WorldSize
     # descriptive only: any JSON scalar is accepted
-    policy: Any = attrs.field(default=None, validator=_scalar)
-    engine: Any = attrs.field(default=None, validator=_scalar)
-    created: Any = attrs.field(default=None, validator=_scalar)
+    policy: Scalar = None
+    engine: Scalar = None
+    created: Scalar = None
+
+    def __post_init__(self) -> None:
+        if self.version != JOURNAL_VERSION or type(self.version) is not int:
+            raise ValueError(
+                f"unknown journal version {self.version!r} (this reader knows version 1)"
+            )
+        _finite(
+            {"policy": self.policy, "engine": self.engine, "created": self.created},
+        )
 
 
 def header_problem(first: JournalOpened | None, event: Event) -> str | None:
@@ -223,83 +181,76 @@ def header_problem(first: JournalOpened | None, event: Event) -> str | None:
 
 
 @_kind("request_admitted", SIDE_SCHEDULER)
-@attrs.frozen(slots=True)
-class RequestAdmitted(Event):
+class RequestAdmitted(Event, frozen=True):
     """A new incarnation ``(req, gen)`` of a request starts."""
 
-    req: str = attrs.field(validator=_string)
-    gen: int = attrs.field(validator=_nonneg)
-    prompt_tokens: int = attrs.field(validator=_nonneg)
-    hashes: tuple[str | int, ...] | None = attrs.field(default=None, converter=_opt_hashes)
+    req: str
+    gen: Id
+    prompt_tokens: Id
+    hashes: Hashes | None = None
 
 
 @_kind("request_resumed", SIDE_SCHEDULER)
-@attrs.frozen(slots=True)
-class RequestResumed(Event):
+class RequestResumed(Event, frozen=True):
     """A preempted request runs again as a new, greater generation."""
 
-    req: str = attrs.field(validator=_string)
-    gen: int = attrs.field(validator=_nonneg)
+    req: str
+    gen: Id
 
 
 @_kind("blocks_assigned", SIDE_SCHEDULER)
-@attrs.frozen(slots=True)
-class BlocksAssigned(Event):
+class BlocksAssigned(Event, frozen=True):
     """Blocks join an incarnation's table (``append``) or become it (``replace``)."""
 
-    req: str = attrs.field(validator=_string)
-    gen: int = attrs.field(validator=_nonneg)
-    blocks: tuple[int, ...] = attrs.field(converter=_ids)
-    mode: str = attrs.field(validator=_one_of(MODES))
-    cached: tuple[int, ...] = attrs.field(default=(), converter=_ids)
+    req: str
+    gen: Id
+    blocks: Ids
+    mode: Mode
+    cached: Ids = ()
 
 
 @_kind("request_preempted", SIDE_SCHEDULER)
-@attrs.frozen(slots=True)
-class RequestPreempted(Event):
+class RequestPreempted(Event, frozen=True):
     """The incarnation's table refs are dropped; enqueued jobs keep their pins."""
 
-    req: str = attrs.field(validator=_string)
-    gen: int = attrs.field(validator=_nonneg)
+    req: str
+    gen: Id
 
 
 @_kind("request_finished", SIDE_SCHEDULER)
-@attrs.frozen(slots=True)
-class RequestFinished(Event):
+class RequestFinished(Event, frozen=True):
     """Finish or abort, legal in any state; ``hold`` keeps the table refs."""
 
-    req: str = attrs.field(validator=_string)
-    gen: int = attrs.field(validator=_nonneg)
-    hold: bool = attrs.field(default=False, validator=_boolean)
-    aborted: bool = attrs.field(default=False, validator=_boolean)
+    req: str
+    gen: Id
+    hold: bool = False
+    aborted: bool = False
 
 
 @_kind("held_blocks_released", SIDE_SCHEDULER)
-@attrs.frozen(slots=True)
-class HeldBlocksReleased(Event):
+class HeldBlocksReleased(Event, frozen=True):
     """Drops the refs kept by a ``hold`` finish."""
 
-    req: str = attrs.field(validator=_string)
-    gen: int = attrs.field(validator=_nonneg)
+    req: str
+    gen: Id
 
 
 @_kind("job_enqueued", SIDE_SCHEDULER)
-@attrs.frozen(slots=True)
-class JobEnqueued(Event):
+class JobEnqueued(Event, frozen=True):
     """A store job of the current incarnation; its ``pins`` gain a ref each."""
 
-    job: int = attrs.field(validator=_nonneg)
-    req: str = attrs.field(validator=_string)
-    gen: int = attrs.field(validator=_nonneg)
-    token_start: int = attrs.field(validator=_nonneg)
-    token_end: int = attrs.field(validator=_nonneg)
-    reads: tuple[int, ...] = attrs.field(converter=_ids)
-    pins: tuple[int, ...] = attrs.field(converter=_ids)
-    keys: tuple[str, ...] = attrs.field(converter=_strings)
-    world_size: int = attrs.field(validator=_at_most(MAX_WORLD_SIZE))
-    parent: str | None = attrs.field(default=None, validator=_opt_string)
+    job: Id
+    req: str
+    gen: Id
+    token_start: Id
+    token_end: Id
+    reads: Ids
+    pins: Ids
+    keys: Strings
+    world_size: WorldSize
+    parent: str | None = None
 
-    def __attrs_post_init__(self) -> None:
+    def __post_init__(self) -> None:
         if self.token_end < self.token_start:
             raise ValueError(
                 f"'token_end' ({self.token_end}) is before 'token_start' ({self.token_start})"
@@ -307,34 +258,30 @@ class JobEnqueued(Event):
 
 
 @_kind("completions_received", SIDE_SCHEDULER)
-@attrs.frozen(slots=True)
-class CompletionsReceived(Event):
+class CompletionsReceived(Event, frozen=True):
     """The scheduler consumed ``count`` completion reports of ``job``."""
 
-    job: int = attrs.field(validator=_nonneg)
-    count: int = attrs.field(validator=_nonneg)
+    job: Id
+    count: Id
 
 
 @_kind("pins_released", SIDE_SCHEDULER)
-@attrs.frozen(slots=True)
-class PinsReleased(Event):
+class PinsReleased(Event, frozen=True):
     """The job's pins are dropped, in the order given."""
 
-    job: int = attrs.field(validator=_nonneg)
-    blocks: tuple[int, ...] = attrs.field(converter=_ids)
+    job: Id
+    blocks: Ids
 
 
 @_kind("engine_crashed", SIDE_SCHEDULER)
-@attrs.frozen(slots=True)
-class EngineCrashed(Event):
+class EngineCrashed(Event, frozen=True):
     """The engine died."""
 
-    error: str = attrs.field(validator=_string)
+    error: str
 
 
 @_kind("engine_idle", SIDE_SCHEDULER)
-@attrs.frozen(slots=True)
-class EngineIdle(Event):
+class EngineIdle(Event, frozen=True):
     """Quiescence: nothing may still be outstanding."""
 
 
@@ -342,46 +289,41 @@ class EngineIdle(Event):
 
 
 @_kind("job_received", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class JobReceived(Event):
+class JobReceived(Event, frozen=True):
     """The rank registered the job in its ledger before queueing it."""
 
-    job: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
+    job: Id
+    rank: Id
 
 
 @_kind("preemption_seen", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class PreemptionSeen(Event):
+class PreemptionSeen(Event, frozen=True):
     """The rank learned that ``(req, gen)`` is preempted or finished."""
 
-    req: str = attrs.field(validator=_string)
-    gen: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
+    req: str
+    gen: Id
+    rank: Id
 
 
 @_kind("job_started", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class JobStarted(Event):
+class JobStarted(Event, frozen=True):
     """Dequeued and passed the liveness check."""
 
-    job: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
+    job: Id
+    rank: Id
 
 
 @_kind("job_skipped", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class JobSkipped(Event):
+class JobSkipped(Event, frozen=True):
     """The job ends without a store call; touches no request state."""
 
-    job: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
-    reason: str = attrs.field(validator=_one_of(SKIP_REASONS))
+    job: Id
+    rank: Id
+    reason: SkipReason
 
 
 @_kind("dma_started", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class DmaStarted(Event):
+class DmaStarted(Event, frozen=True):
     """The device read of the job's ``reads`` began.
 
     ``blocks`` (addition) names the blocks this transfer actually reads when
@@ -389,14 +331,13 @@ class DmaStarted(Event):
     again); only those are checked then.
     """
 
-    job: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
-    blocks: tuple[int, ...] = attrs.field(default=(), converter=_ids)
+    job: Id
+    rank: Id
+    blocks: Ids = ()
 
 
 @_kind("dma_done", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class DmaDone(Event):
+class DmaDone(Event, frozen=True):
     """The device read finished; ``digest`` fingerprints the bytes read.
 
     ``expected`` (addition) is the fingerprint the same blocks had when the
@@ -404,139 +345,133 @@ class DmaDone(Event):
     transfer read someone else's KV. ``blocks`` as for ``dma_started``.
     """
 
-    job: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
-    digest: Any = attrs.field(default=None, validator=_scalar)
-    blocks: tuple[int, ...] = attrs.field(default=(), converter=_ids)
-    expected: Any = attrs.field(default=None, validator=_scalar)
+    job: Id
+    rank: Id
+    digest: Scalar = None
+    blocks: Ids = ()
+    expected: Scalar = None
+
+    def __post_init__(self) -> None:
+        _finite({"digest": self.digest, "expected": self.expected})
 
 
 @_kind("put_done", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class PutDone(Event):
+class PutDone(Event, frozen=True):
     """The store accepted the job's keys."""
 
-    job: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
-    stored: int = attrs.field(validator=_nonneg)
-    existed: int = attrs.field(validator=_nonneg)
+    job: Id
+    rank: Id
+    stored: Id
+    existed: Id
 
 
 @_kind("put_failed", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class PutFailed(Event):
+class PutFailed(Event, frozen=True):
     """The store call failed."""
 
-    job: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
-    error: str = attrs.field(validator=_string)
+    job: Id
+    rank: Id
+    error: str
 
 
 @_kind("offset_saved", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class OffsetSaved(Event):
+class OffsetSaved(Event, frozen=True):
     """Effect: the rank advanced its resume offset for ``req``."""
 
-    job: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
-    req: str = attrs.field(validator=_string)
-    offset: int = attrs.field(validator=_nonneg)
+    job: Id
+    rank: Id
+    req: str
+    offset: Id
 
 
 @_kind("request_marked_skipped", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class RequestMarkedSkipped(Event):
+class RequestMarkedSkipped(Event, frozen=True):
     """Effect: the rank marked ``req`` as skipped under pressure."""
 
-    job: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
-    req: str = attrs.field(validator=_string)
+    job: Id
+    rank: Id
+    req: str
 
 
 @_kind("retry_tokens_set", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class RetryTokensSet(Event):
+class RetryTokensSet(Event, frozen=True):
     """Effect: the rank kept a token suffix for a KV-event retry."""
 
-    job: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
-    req: str = attrs.field(validator=_string)
-    start: int = attrs.field(validator=_nonneg)
-    count: int = attrs.field(validator=_nonneg)
+    job: Id
+    rank: Id
+    req: str
+    start: Id
+    count: Id
 
 
 @_kind("retry_tokens_cleared", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class RetryTokensCleared(Event):
+class RetryTokensCleared(Event, frozen=True):
     """Effect: the rank dropped its retry state for ``req``."""
 
-    job: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
-    req: str = attrs.field(validator=_string)
+    job: Id
+    rank: Id
+    req: str
 
 
 @_kind("kv_block_stored", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class KvBlockStored(Event):
+class KvBlockStored(Event, frozen=True):
     """A KV event was published for ``key`` with that parent."""
 
-    job: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
-    key: str = attrs.field(validator=_string)
-    parent: str | None = attrs.field(validator=_opt_string)
+    job: Id
+    rank: Id
+    key: str
+    parent: str | None
 
 
 @_kind("request_retired", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class RequestRetired(Event):
+class RequestRetired(Event, frozen=True):
     """Effect: the rank declared every save of ``(req, gen)`` done."""
 
-    req: str = attrs.field(validator=_string)
-    gen: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
+    req: str
+    gen: Id
+    rank: Id
 
 
 @_kind("job_reported", SIDE_WORKER)
-@attrs.frozen(slots=True)
-class JobReported(Event):
+class JobReported(Event, frozen=True):
     """The rank reported the job complete; every path out of a job ends here once."""
 
-    job: int = attrs.field(validator=_nonneg)
-    rank: int = attrs.field(validator=_nonneg)
+    job: Id
+    rank: Id
 
 
 # -- audit -------------------------------------------------------------------------
 
 
 @_kind("key_verified", SIDE_AUDIT)
-@attrs.frozen(slots=True)
-class KeyVerified(Event):
+class KeyVerified(Event, frozen=True):
     """The value under ``key`` was read back and compared with its fingerprint."""
 
-    key: str = attrs.field(validator=_string)
-    ok: bool = attrs.field(validator=_boolean)
-    expected: Any = attrs.field(default=None, validator=_scalar)
-    actual: Any = attrs.field(default=None, validator=_scalar)
+    key: str
+    ok: bool
+    expected: Scalar = None
+    actual: Scalar = None
     #: addition: the store job whose put wrote the value, when the auditor knows it
-    job: int | None = attrs.field(default=None, validator=attrs.validators.optional(_nonneg))
+    job: Id | None = None
+
+    def __post_init__(self) -> None:
+        _finite({"expected": self.expected, "actual": self.actual})
 
 
 @_kind("load_verified", SIDE_AUDIT)
-@attrs.frozen(slots=True)
-class LoadVerified(Event):
+class LoadVerified(Event, frozen=True):
     """A request loaded ``key`` and compared it with what it should be."""
 
-    req: str = attrs.field(validator=_string)
-    gen: int = attrs.field(validator=_nonneg)
-    key: str = attrs.field(validator=_string)
-    ok: bool = attrs.field(validator=_boolean)
+    req: str
+    gen: Id
+    key: str
+    ok: bool
     #: addition: the store job whose put wrote the loaded value, when known
-    job: int | None = attrs.field(default=None, validator=attrs.validators.optional(_nonneg))
+    job: Id | None = None
 
 
 @_kind("key_missing", SIDE_AUDIT)
-@attrs.frozen(slots=True)
-class KeyMissing(Event):
+class KeyMissing(Event, frozen=True):
     """Addition: the store had no value to read back under ``key``.
 
     ``reason`` says why: ``evicted`` (the store no longer has the key) or the
@@ -544,8 +479,8 @@ class KeyMissing(Event):
     read, so it is no violation.
     """
 
-    key: str = attrs.field(validator=_string)
-    reason: str = attrs.field(validator=_string)
+    key: str
+    reason: str
 
 
 #: the effect kinds that a stale job must never write (spec section 6)

@@ -105,9 +105,10 @@ class SchedulerLedger:
         request = self.ledger.request(req)
         return 0 if request is None else request.newest_gen + 1
 
-    def admit(self, req: str, prompt_tokens: int, hashes: Sequence[str] | None = None) -> int:
+    def admit(self, req: str, prompt_tokens: int, hashes: Sequence[str | int] | None = None) -> int:
         """A new request (or a new incarnation of a finished id); returns its gen."""
         gen = self._next_gen(req)
+        hashes = None if hashes is None else tuple(hashes)
         self._emit(ev.RequestAdmitted(req=req, gen=gen, prompt_tokens=prompt_tokens, hashes=hashes))
         return gen
 
@@ -295,7 +296,7 @@ class SchedulerLedger:
     # -- policy: the decisions the upstream fixes changed --------------------------------
     # kvstate.harness.legacy overrides these with the old behaviours, for the bug zoo.
 
-    def _assign_mode(self, req: str, resumed: bool) -> str:
+    def _assign_mode(self, req: str, resumed: bool) -> ev.Mode:
         """Append or replace, from the engine's resumed flag only."""
         return "replace" if resumed else "append"
 

@@ -458,7 +458,7 @@ class JobRun:
 
     # -- the transfer ------------------------------------------------------------------
 
-    def skip(self, reason: str) -> None:
+    def skip(self, reason: ev.SkipReason) -> None:
         """End the job without a store call (``pressure``, ``empty``, ...); leaves the body."""
         self._outcome = True
         self._record(ev.JobSkipped(job=self.job, rank=self.worker.rank, reason=reason))

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable, Sequence
 
 from journal import Journal, atomic_output, write_jsonl
-from kvstate.codec import Entry, to_record
+from kvstate.codec import Entry, to_record, to_row
 from kvstate.recorder import journal_views
 
 from .sources import entries
@@ -27,13 +27,16 @@ def write(source: Iterable[Entry], tmp: str | os.PathLike[str], *, jsonl: bool) 
     n = 0
     with Journal(tmp) as journal:
         journal.create_views(journal_views())
-        batch = []
+        batch: list[Entry] = []
         for entry in source:
-            batch.append(to_record(entry))
-            if len(batch) == _BATCH:
-                n += journal.append(batch)
+            # One commit per engine step, as the engine committed them: a
+            # removed tail of whole steps then reads as an unfinished run,
+            # and any change inside a step breaks that step's link.
+            if batch and (entry.step != batch[-1].step or len(batch) == _BATCH):
+                n += journal.append_rows(map(to_row, batch))
                 batch = []
-        n += journal.append(batch)
+            batch.append(entry)
+        n += journal.append_rows(map(to_row, batch))
     return n
 
 

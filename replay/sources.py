@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from journal import Journal, RecordError, is_journal_file, read_jsonl_lines
 from kvstate import events as ev
-from kvstate.codec import Entry, from_record, from_row
+from kvstate.codec import Entry, from_record, from_stored
 
 
 class Located(NamedTuple):
@@ -41,8 +41,8 @@ def read_path(path: str | os.PathLike[str]) -> Iterator[Located]:
         raise RecordError("is a directory, not a journal", path=name)
     if is_journal_file(name):
         with Journal(name, readonly=True) as journal:
-            for seq, kind, step, rank, ts, fields in journal.rows():
-                entry = from_row(seq, kind, step, rank, ts, fields, name)
+            for seq, kind, step, rank, ts, payload in journal.stored_rows():
+                entry = from_stored(seq, kind, step, rank, ts, payload, name)
                 yield Located(entry, name, seq, None)
     else:
         for line, record in read_jsonl_lines(name):

@@ -23,7 +23,7 @@ from typing import overload
 from journal import Journal, RecordError, is_journal_file, parse_line
 from journal.database import BEFORE_FIRST
 from kvstate.archive import Archive
-from kvstate.codec import Entry, from_record, from_row
+from kvstate.codec import Entry, from_record, from_stored
 from kvstate.ledger import PARK_AFTER, SWEEP_EVERY, Ledger
 from kvstate.violations import CODE_ORDER, Code, Violation
 
@@ -48,9 +48,11 @@ class _DatabaseRecords:
         chunk_size = 4096
         while after < upto:
             with self._lock:
-                chunk = list(self._journal.rows(after=after, upto=min(upto, after + chunk_size)))
-            for seq, kind, step, rank, ts, fields in chunk:
-                yield from_row(seq, kind, step, rank, ts, fields, self.path)
+                chunk = list(
+                    self._journal.stored_rows(after=after, upto=min(upto, after + chunk_size))
+                )
+            for seq, kind, step, rank, ts, payload in chunk:
+                yield from_stored(seq, kind, step, rank, ts, payload, self.path)
             after = min(upto, after + chunk_size)
 
     def close(self) -> None:

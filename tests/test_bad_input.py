@@ -320,8 +320,8 @@ def test_fuzzed_database_payloads_raise_only_record_errors(
     Journal(path).close()
     conn = sqlite3.connect(path)
     header = msgpack.packb({"version": 1, "block_size": 4, "world_size": 1})
-    d1 = link(GENESIS, 1, "journal_opened", 0, None, None, header)
-    d2 = link(d1, 2, kind, 0, 0, None, payload)
+    d1 = link(GENESIS, [(1, "journal_opened", 0, None, None, header)])
+    d2 = link(d1, [(2, kind, 0, 0, None, payload)])
     conn.executemany(
         "INSERT INTO records VALUES (?,?,?,?,?,?,?)",
         [(1, "journal_opened", 0, None, None, header, d1), (2, kind, 0, 0, None, payload, d2)],

@@ -1,4 +1,4 @@
-"""Event kinds: validation at construction and the record codecs."""
+"""Event kinds: validation where records are decoded, and the record codecs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from journal import Record, RecordError
 from kvstate import events as ev
-from kvstate.codec import Entry, event_payload, from_record, to_record
+from kvstate.codec import Entry, event_payload, from_record, from_stored, payload_bytes, to_record
 
 SPEC_KINDS = {
     "journal_opened",
@@ -114,9 +114,21 @@ def test_events_are_immutable() -> None:
         event.job = 2  # type: ignore[misc]
 
 
-def test_lists_become_tuples() -> None:
-    event = ev.PinsReleased(job=1, blocks=[3, 2])
-    assert event.blocks == (3, 2)
+def test_lists_become_tuples_when_decoded() -> None:
+    entry = from_record(Record(1, "pins_released", {"job": 1, "blocks": [3, 2]}, 0))
+    assert entry.event.blocks == (3, 2)
+    stored = from_stored(1, "pins_released", 0, None, None, payload_bytes(entry.event))
+    assert stored.event.blocks == (3, 2)
+    assert stored == entry
+
+
+def test_building_an_event_does_not_validate_but_every_decoder_does() -> None:
+    # The connector pays for the struct only; the writer's auditor and every
+    # reader decode the stored bytes, and that is where a bad value is caught.
+    event = ev.JobStarted(job=-1, rank=0)
+    with pytest.raises(RecordError, match="'job' must be a non-negative integer") as info:
+        from_stored(9, "job_started", 0, 0, None, payload_bytes(event), "j.db")
+    assert str(info.value).startswith("j.db") and info.value.seq == 9
 
 
 @pytest.mark.parametrize(

@@ -63,21 +63,61 @@ def test_table_is_strict(tmp_path: Path) -> None:
     conn.close()
 
 
-def test_tampering_is_detected_at_the_first_changed_record(tmp_path: Path) -> None:
+def test_tampering_is_detected_at_the_commit_of_the_changed_record(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     with Journal(path) as j:
-        j.append(recs(1, 10))
+        j.append(recs(1, 5))
+        j.append(recs(6, 5))  # one commit, one link: seqs 6..10
+        j.append(recs(11, 2))
     conn = sqlite3.connect(path)
+    links = [r[0] for r in conn.execute("SELECT seq FROM records WHERE digest IS NOT NULL")]
+    assert links == [5, 10, 12]
     conn.execute("DROP TRIGGER records_refuse_update")
-    conn.execute("UPDATE records SET step = 99 WHERE seq = 6")
+    conn.execute("UPDATE records SET step = 99 WHERE seq = 7")
     conn.commit()
     conn.close()
     with Journal(path, readonly=True) as j:
         it = j.records()
         assert [next(it).seq for _ in range(5)] == [1, 2, 3, 4, 5]
-        with pytest.raises(TamperedError) as info:
+        with pytest.raises(TamperedError, match=r"commit of seqs 6\.\.10") as info:
             next(it)
+        # a reader starting inside the changed commit still checks all of it
+        with pytest.raises(TamperedError):
+            list(j.records(after=8))
+        assert [r.seq for r in j.records(after=10)] == [11, 12]
     assert info.value.seq == 6 and str(path) in str(info.value)
+
+
+def test_a_commit_whose_link_was_removed_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    with Journal(path) as j:
+        j.append(recs(1, 3))
+        j.append(recs(4, 3))
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TRIGGER records_refuse_update")
+    conn.execute("UPDATE records SET digest = NULL WHERE seq = 6")
+    conn.commit()
+    conn.close()
+    with Journal(path, readonly=True) as j:
+        with pytest.raises(TamperedError, match=r"seqs 4\.\.6 are not covered"):
+            list(j.records())
+        assert [r.seq for r in j.records(upto=3)] == [1, 2, 3]
+
+
+def test_a_journal_linked_on_every_record_still_reads(tmp_path: Path) -> None:
+    # Journals of schema version 1 carry a link on every row: the same chain
+    # with one record per commit.
+    path = tmp_path / "j.db"
+    with Journal(path) as j:
+        for seq in range(1, 6):
+            j.append(recs(seq, 1))
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE schema_version SET version = 1")
+    conn.commit()
+    conn.close()
+    with Journal(path, readonly=True) as j:
+        assert [r.seq for r in j.records()] == [1, 2, 3, 4, 5]
+        assert [r.seq for r in j.records(after=2, upto=4)] == [3, 4]
 
 
 def test_a_batch_is_all_or_nothing_and_seq_must_increase(tmp_path: Path) -> None:

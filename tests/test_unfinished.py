@@ -64,13 +64,26 @@ def test_a_removed_tail_is_unfinished_not_clean(tmp_path: Path) -> None:
     j.admit("r", blocks=[0])
     j.enqueue(0, "r", 0, reads=[0])
     j.run(0)
-    j.add("engine_idle")
+    j.add("request_admitted", req="s", gen=0, prompt_tokens=4, step=1)  # the last step: two records
+    j.add("engine_idle", step=1)
     db = tmp_path / "a.db"
     assert main(["convert", str(j.write(tmp_path / "a.jsonl")), str(db)]) == 0
     assert replay([str(db)]).violations[0].code.value == "LEAKED_PIN"
-    conn = sqlite3.connect(db)
+    # engine_idle alone cut out of its commit breaks the commit's link: exit 2
+    alone = tmp_path / "alone.db"
+    alone.write_bytes(db.read_bytes())
+    conn = sqlite3.connect(alone)
     conn.executescript(
         "DROP TRIGGER records_refuse_delete; DELETE FROM records WHERE kind = 'engine_idle';"
+    )
+    conn.close()
+    assert main(["replay", str(alone)]) == 2
+    # the whole last commit removed leaves a shorter valid chain: unfinished
+    conn = sqlite3.connect(db)
+    conn.executescript(
+        "DROP TRIGGER records_refuse_delete; DELETE FROM records WHERE seq > (SELECT max(seq) "
+        "FROM records WHERE digest IS NOT NULL AND seq < "
+        "(SELECT seq FROM records WHERE kind = 'engine_idle'));"
     )
     conn.close()
     result = replay([str(db)])

@@ -85,7 +85,7 @@ class LegacySchedulerLedger(SchedulerLedger):
         self._snapshot = set()
         return super().begin_step(step)
 
-    def admit(self, req: str, prompt_tokens: int, hashes: Sequence[str] | None = None) -> int:
+    def admit(self, req: str, prompt_tokens: int, hashes: Sequence[str | int] | None = None) -> int:
         gen = super().admit(req, prompt_tokens, hashes)
         self._trackers.add(req)
         return gen
@@ -123,7 +123,7 @@ class LegacySchedulerLedger(SchedulerLedger):
 
     # -- the old decisions ---------------------------------------------------------------
 
-    def _assign_mode(self, req: str, resumed: bool) -> str:
+    def _assign_mode(self, req: str, resumed: bool) -> ev.Mode:
         if "local-preempted-set" not in self.bugs:
             return super()._assign_mode(req, resumed)
         return "replace" if req in self._preempted_ids else "append"

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvstate.events import SkipReason
 from kvstate.vllm import _journals
 from kvstate.vllm._compat import Connector, detect
 from kvstate.vllm._scheduler import SchedulerObserver
@@ -316,7 +317,7 @@ def _patch_all(c: Connector) -> None:
             else:
                 live = self.is_live_store_job(req_meta)
             pressure = live and self._should_skip_request(req_meta.req_id)
-            reason = "stale" if not live else "pressure" if pressure else "empty"
+            reason: SkipReason = "stale" if not live else "pressure" if pressure else "empty"
             run = _observe(lambda: observer.begin_job(req_meta, reason))
             try:
                 return original(self, req_meta)

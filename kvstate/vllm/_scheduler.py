@@ -100,7 +100,11 @@ class SchedulerObserver:
             restarted.add(req)
             self._record(
                 ev.BlocksAssigned(
-                    req=req, gen=self.gens[req], blocks=table, mode="replace", cached=cached
+                    req=req,
+                    gen=self.gens[req],
+                    blocks=tuple(table),
+                    mode="replace",
+                    cached=tuple(cached),
                 )
             )
         cached_reqs = out.scheduled_cached_reqs
@@ -123,14 +127,16 @@ class SchedulerObserver:
                     ev.BlocksAssigned(
                         req=req,
                         gen=self.gens[req],
-                        blocks=table,
+                        blocks=tuple(table),
                         mode="replace",
-                        cached=table[: local // bs],
+                        cached=tuple(table[: local // bs]),
                     )
                 )
             elif table:
                 self._record(
-                    ev.BlocksAssigned(req=req, gen=self.gens[req], blocks=table, mode="append")
+                    ev.BlocksAssigned(
+                        req=req, gen=self.gens[req], blocks=tuple(table), mode="append"
+                    )
                 )
         pinned = getattr(sched, "_pinned_saves", None)
         for req_meta in meta.requests:
@@ -182,9 +188,9 @@ class SchedulerObserver:
                 gen=gen,
                 token_start=start,
                 token_end=end,
-                reads=reads,
-                pins=pins,
-                keys=keys,
+                reads=tuple(reads),
+                pins=tuple(pins),
+                keys=tuple(keys),
                 parent=parent,
                 world_size=self.world_size,
             )
@@ -205,7 +211,11 @@ class SchedulerObserver:
         prompt = entry[0].num_prompt_tokens if entry else spec.kvpool_cached_tokens
         self._record(ev.RequestAdmitted(req=req, gen=0, prompt_tokens=prompt))
         cached = table[: spec.vllm_cached_tokens // self.block_size]
-        self._record(ev.BlocksAssigned(req=req, gen=0, blocks=table, mode="replace", cached=cached))
+        self._record(
+            ev.BlocksAssigned(
+                req=req, gen=0, blocks=tuple(table), mode="replace", cached=tuple(cached)
+            )
+        )
 
     # -- between steps --------------------------------------------------------------
 
@@ -233,7 +243,7 @@ class SchedulerObserver:
         for job, count in sorted(completed.items()):
             self._record(ev.CompletionsReceived(job=job, count=count))
         for job, blocks in released.items():
-            self._record(ev.PinsReleased(job=job, blocks=list(reversed(blocks))))
+            self._record(ev.PinsReleased(job=job, blocks=tuple(reversed(blocks))))
 
     def commit(self) -> None:
         """A step boundary: commit in groups (see :mod:`kvstate.vllm._commit`)."""

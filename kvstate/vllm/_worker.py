@@ -39,7 +39,7 @@ class _Job:
 
     __slots__ = ("chunk_of", "existed", "id", "meta", "reason", "started")
 
-    def __init__(self, job: int, meta: Any, reason: str) -> None:
+    def __init__(self, job: int, meta: Any, reason: ev.SkipReason) -> None:
         self.id = job
         self.meta = meta
         self.reason = reason
@@ -145,7 +145,7 @@ class WorkerObserver:
             digests[i] = _fingerprint.of_segments(addrs, sizes)
         return digests
 
-    def begin_job(self, meta: Any, reason: str) -> _Job | None:
+    def begin_job(self, meta: Any, reason: ev.SkipReason) -> _Job | None:
         job = getattr(meta, "_kvstate_job", None)
         if job is None:
             return None
@@ -221,7 +221,7 @@ class WorkerObserver:
         table = run.meta.block_ids[0]
         chunks = [run.chunk(_key_hex(k)) for k in keys]
         blocks = [table[c] for c in chunks if c is not None and c < len(table)]
-        self._record(ev.DmaStarted(job=run.id, rank=self.rank, blocks=blocks))
+        self._record(ev.DmaStarted(job=run.id, rank=self.rank, blocks=tuple(blocks)))
         digest = expected = None
         if self.fingerprint:
             requested = self.requested.get(run.id, {})

@@ -31,7 +31,7 @@ import attrs
 
 from journal import Journal
 from kvstate import events as ev
-from kvstate.codec import Entry, from_row
+from kvstate.codec import Entry, from_stored
 from kvstate.harness.legacy import BEFORE_52372, POLICIES, LegacyCrash
 from kvstate.ledger import Ledger
 from kvstate.recorder import Recorder
@@ -212,7 +212,7 @@ class Simulation:
                 block_size=config.block_size,
                 world_size=config.world_size,
                 policy=config.policy,
-                engine=header.engine or "",
+                engine=str(header.engine or ""),
                 # Not kept: the summary folds the journal back from disk, so
                 # a run of any length holds what is live, not its history.
                 clock=clock or time.monotonic_ns,
@@ -623,8 +623,8 @@ class Simulation:
             return
         self.recorder.flush()
         with Journal(self.journal, readonly=True) as journal:
-            for seq, kind, step, rank, ts, fields in journal.rows():
-                yield from_row(seq, kind, step, rank, ts, fields, self.journal)
+            for seq, kind, step, rank, ts, payload in journal.stored_rows():
+                yield from_stored(seq, kind, step, rank, ts, payload, self.journal)
 
     def close(self) -> None:
         self.recorder.close()

@@ -35,7 +35,7 @@ MOONCAKE = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
 #: would break the install, triton only costs a gigabyte of disk
 LEFT_OUT = frozenset({"torchvision", "torchaudio", "torchcodec", "triton"})
 #: kvstate's own runtime requirements (it is installed editable, --no-deps)
-KVSTATE_DEPS = ("attrs>=23.1", "msgpack>=1.0", "sqlite-utils>=3.35", "rich>=13.0")
+KVSTATE_DEPS = ("attrs>=23.1", "msgspec>=0.18", "msgpack>=1.0", "sqlite-utils>=3.35", "rich>=13.0")
 MARKER = ".kvstate-installed"
 #: what one venv takes (3.6 GB measured with triton, 2.5 GB without), plus
 #: room for pip's downloads; a new venv is not started with less free
