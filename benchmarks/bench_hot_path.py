@@ -135,11 +135,39 @@ def single_transitions(n: int) -> dict[str, float]:
     return out
 
 
+def engine_cpu(jobs: int, *, process: bool) -> tuple[float, float, int]:
+    """CPU per recorded event of whole lifecycles with a journal: in the engine's
+    process (every thread, the writer thread included) and in the writer
+    process (0 without one), and the event count. ``process_time`` of this
+    process; the writer process's from ``RUSAGE_CHILDREN`` once it has exited."""
+    import resource
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "bench.db")
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        rec = Recorder.open(path, block_size=BLOCK, world_size=WORLD, process=process)
+        t0 = time.process_time_ns()
+        lifecycle(rec, jobs)
+        rec.close()
+        engine_ns = time.process_time_ns() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        events = count(rec)
+    child_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return engine_ns / events, child_s * 1e9 / events, events
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=20_000)
     args = parser.parse_args()
 
+    for process in (False, True):
+        engine, writer, n = engine_cpu(args.jobs // 4, process=process)
+        where = "writer process" if process else "writer thread "
+        print(
+            f"{where}: engine-process CPU {engine:6.0f} ns/event, "
+            f"writer process {writer:6.0f} ns/event ({n} events)"
+        )
     singles = single_transitions(50_000)
     rec = Recorder(JournalOpened(version=1, block_size=BLOCK, world_size=WORLD))
     t0 = time.perf_counter_ns()

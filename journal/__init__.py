@@ -9,6 +9,7 @@ from .database import Journal, is_journal_file
 from .errors import JournalError, RecordError, TamperedError
 from .jsonl import dump_record, parse_line, read_jsonl, read_jsonl_lines, write_jsonl
 from .output import OutputExists, atomic_output, refuse_existing
+from .process_writer import ProcessWriter
 from .record import Record
 from .writer import JournalWriter
 
@@ -17,6 +18,7 @@ __all__ = [
     "JournalError",
     "JournalWriter",
     "OutputExists",
+    "ProcessWriter",
     "Record",
     "RecordError",
     "TamperedError",

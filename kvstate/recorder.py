@@ -18,8 +18,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from journal import Journal, JournalWriter
+from journal import Journal, JournalWriter, ProcessWriter
 
+from .batches import encode_batch
 from .codec import Entry, to_row
 from .events import EVENT_TYPES, JournalOpened
 from .events import Event as _Event
@@ -47,7 +48,7 @@ class Recorder:
     def __init__(
         self,
         header: JournalOpened,
-        writer: JournalWriter[Entry] | None = None,
+        writer: JournalWriter[Entry] | ProcessWriter[Entry] | None = None,
         *,
         keep: bool = False,
         clock: Callable[[], int] = time.monotonic_ns,
@@ -75,6 +76,7 @@ class Recorder:
         block_size: int,
         world_size: int,
         background: bool = True,
+        process: bool = False,
         keep: bool = False,
         clock: Callable[[], int] = time.monotonic_ns,
         synchronous: str = "NORMAL",
@@ -89,13 +91,26 @@ class Recorder:
         also survives a power loss); see :mod:`journal.database`.
         ``policy``, ``engine`` and ``created`` are descriptive fields of the
         ``journal_opened`` header.
+
+        Where the journal is written: with ``process`` by a writer process
+        (:class:`journal.ProcessWriter`: the engine's thread encodes one blob
+        per commit and writes it to a pipe, nothing else); otherwise by a
+        thread of this process (``background``, the default) or, without
+        it, on the committing thread (tests, small tools).
         """
         journal = Journal(path, synchronous=synchronous)
         if len(journal):
             journal.close()
             raise FileExistsError(f"{os.fspath(path)}: journal already has records")
         journal.create_views(journal_views())
-        writer: JournalWriter[Entry] = JournalWriter(journal, to_row, background=background)
+        writer: JournalWriter[Entry] | ProcessWriter[Entry]
+        if process:
+            journal.close()
+            writer = ProcessWriter(
+                path, encode_batch, "kvstate.batches:BatchCodec", synchronous=synchronous
+            )
+        else:
+            writer = JournalWriter(journal, to_row, background=background)
         header = JournalOpened(
             version=1,
             block_size=block_size,

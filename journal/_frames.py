@@ -1,0 +1,14 @@
+"""The pipe protocol between :class:`journal.ProcessWriter` and its writer process."""
+
+from __future__ import annotations
+
+import struct
+
+#: frame header, engine to writer: ticket, blob length, flags
+FRAME = struct.Struct("<QIB")
+#: answer header, writer to engine: the ticket of the last batch written, error length
+ANSWER = struct.Struct("<QI")
+#: flag: the engine waits for an answer to this frame
+WAIT = 1
+#: flag: the last frame; the writer answers, finishes the journal and exits
+CLOSE = 2

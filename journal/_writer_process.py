@@ -1,0 +1,115 @@
+"""The journal writer process: the program behind :class:`journal.ProcessWriter`.
+
+Run as ``python -m journal._writer_process PATH SYNCHRONOUS CODEC PARENT_PID``.
+It reads frames from standard input, each one encoded batch handed over by
+the engine process, turns a batch into rows with the application's codec
+(``CODEC`` names ``module:attribute``, an object with ``rows(blob)`` and
+``orphaned(last_seq, last_step)``), appends it to the journal as one commit,
+and answers on standard output when the engine asked to wait.
+
+It never outlives its parent: when standard input ends without the close
+frame (the engine was killed, or crashed in C), or the parent process is
+gone, it writes every batch it was given, appends the codec's rows for an
+orphaned journal (kvstate's ``engine_crashed``) and exits. It ignores
+SIGINT, which a terminal sends to the whole process group: the engine
+decides when the writer stops, by closing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import select
+import signal
+import sys
+from typing import Any
+
+from journal._frames import ANSWER, CLOSE, FRAME, WAIT
+from journal.database import Journal
+
+#: how often (seconds) an idle writer checks that its parent is still alive;
+#: this decides nothing about progress, only when a dead parent is noticed
+PARENT_CHECK_S = 1.0
+
+
+def load(name: str) -> Any:
+    """The object ``module:attribute`` names."""
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    """``n`` bytes from ``fd``, or None at end of input (a partial frame included)."""
+    parts = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            return None
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+def _answer(fd: int, ticket: int, error: str | None) -> None:
+    message = (error or "").encode("utf-8", "replace")
+    data = memoryview(ANSWER.pack(ticket, len(message)) + message)
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def serve(
+    path: str, synchronous: str, codec_name: str, parent: int, fd_in: int, fd_out: int
+) -> int:
+    """The writer's loop; returns the exit status."""
+    codec = load(codec_name)()
+    journal = Journal(path, synchronous=synchronous)
+    written = 0
+    error: str | None = None
+    closed = False
+    try:
+        while True:
+            ready, _, _ = select.select([fd_in], [], [], PARENT_CHECK_S)
+            if not ready:
+                if os.getppid() != parent:
+                    break  # orphaned: nothing more can arrive
+                continue
+            header = _read_exact(fd_in, FRAME.size)
+            if header is None:
+                break
+            ticket, length, flags = FRAME.unpack(header)
+            blob = _read_exact(fd_in, length) if length else b""
+            if blob is None:
+                break  # a frame cut short: its batch never arrived whole
+            if blob and error is None:
+                try:
+                    journal.append_rows(codec.rows(blob))
+                except Exception as exc:  # reported to the engine on its next wait
+                    error = f"{type(exc).__name__}: {exc}"
+            written = ticket
+            if flags & CLOSE:
+                closed = True
+            if flags & (WAIT | CLOSE):
+                # the engine may be gone: what it handed over is written all the same
+                with contextlib.suppress(OSError):
+                    _answer(fd_out, written, error)
+            if closed:
+                return 0
+        if error is None:
+            last_seq, _ = journal.head()
+            journal.append_rows(codec.orphaned(last_seq))
+        return 0
+    finally:
+        journal.close()
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    path, synchronous, codec_name, parent = argv
+    return serve(
+        path, synchronous, codec_name, int(parent), sys.stdin.fileno(), sys.stdout.fileno()
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

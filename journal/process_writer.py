@@ -1,0 +1,195 @@
+"""Group commit through a writer process: the engine only hands bytes over.
+
+:class:`ProcessWriter` has the interface of :class:`journal.JournalWriter`
+(``append``, ``commit``, ``flush``, ``close``), but the engine's process
+does no SQLite, no hashing and no per-record encoding: at each commit it
+encodes the batch in one call of the application's ``encode_batch`` and
+writes one frame to a pipe. A separate Python process (started fresh, never
+forked, so it is safe beside CUDA) turns the frame into rows, chains and
+inserts them as one transaction, and answers when the engine waits.
+
+Durability is the journal's (see :mod:`journal.database`): ``commit()``
+returns once the writer process has committed the batch;
+``commit(wait=False)`` returns once the frame is in the pipe. A batch in the
+pipe survives the engine: if the engine process is killed, the writer
+process reads everything it was handed, appends the application's record
+for an orphaned journal (kvstate's ``engine_crashed``) and exits. It never
+outlives the engine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from ._frames import ANSWER, CLOSE, FRAME, WAIT
+from .errors import JournalError
+
+T = TypeVar("T")
+
+#: writers still open, closed (so flushed) at interpreter exit
+_OPEN: weakref.WeakSet[ProcessWriter[Any]] = weakref.WeakSet()
+#: signals held back while a frame is written, so a handler that raises
+#: (a CLI turns SIGTERM into an exception) cannot cut a frame in two
+_HELD = {signal.SIGINT, signal.SIGTERM}
+
+
+@atexit.register
+def _close_open_writers() -> None:
+    for writer in list(_OPEN):
+        with contextlib.suppress(Exception):
+            writer.close()
+
+
+class ProcessWriter(Generic[T]):
+    """Buffers items and hands each batch to a writer process as one frame.
+
+    ``path`` is a journal that already exists (created with its schema);
+    ``encode_batch`` turns a batch of items into bytes on the engine's
+    side; ``codec`` names (``module:attribute``) the class the writer
+    process builds to turn those bytes into rows (see
+    :mod:`journal._writer_process`). A write failure in the writer process
+    is raised from the next ``commit`` that waits, ``flush`` or ``close``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        encode_batch: Callable[[list[T]], bytes],
+        codec: str,
+        *,
+        synchronous: str = "NORMAL",
+    ) -> None:
+        self.path = os.fspath(path)
+        self._encode = encode_batch
+        self._lock = threading.Lock()
+        self._buffer: list[T] = []
+        self._submitted = 0
+        self._written = 0
+        self._error: str | None = None
+        self._closed = False
+        env = dict(os.environ)
+        # the writer imports the codec from where the engine found it
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "journal._writer_process", self.path, synchronous, codec,
+             str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            # its own session: a terminal's Ctrl-C or hang-up reaches the
+            # engine, which then closes the writer; it never kills it mid-batch
+            start_new_session=True,
+        )  # fmt: skip
+        stdin, stdout = self._process.stdin, self._process.stdout
+        if stdin is None or stdout is None:
+            raise JournalError(f"{self.path}: the journal writer process has no pipes")
+        self._out = stdin.fileno()
+        self._in = stdout.fileno()
+        _OPEN.add(self)
+
+    @property
+    def pid(self) -> int:
+        """The writer process's id."""
+        return self._process.pid
+
+    def append(self, item: T) -> None:
+        """Add one item to the current batch (no I/O); refused once the writer is closed."""
+        if self._closed:
+            raise JournalError(f"{self.path}: the journal writer is closed")
+        with self._lock:
+            self._buffer.append(item)
+
+    def commit(self, *, wait: bool = True) -> None:
+        """End the current batch: it is written as one transaction.
+
+        With ``wait`` (the default) this returns once the batch is committed
+        at the journal's durability level, and raises if it could not be.
+        """
+        if self._closed:
+            raise JournalError(f"{self.path}: the journal writer is closed")
+        ticket = self._send(WAIT if wait else 0)
+        if wait:
+            self._wait_for(ticket)
+
+    def flush(self) -> None:
+        """Commit and wait until everything handed over is in the journal."""
+        self.commit(wait=True)
+
+    def close(self) -> None:
+        """Flush, let the writer process finish the journal, and wait for it (idempotent)."""
+        if self._closed:
+            return
+        try:
+            ticket = self._send(CLOSE)
+            self._wait_for(ticket)
+        finally:
+            self._closed = True
+            _OPEN.discard(self)
+            for pipe in (self._process.stdin, self._process.stdout):
+                with contextlib.suppress(OSError):
+                    pipe.close()  # type: ignore[union-attr]
+            self._process.wait()
+
+    def __enter__(self) -> ProcessWriter[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the pipe ----------------------------------------------------------------
+
+    def _send(self, flags: int) -> int:
+        """Hand the current batch over as one frame; returns its ticket."""
+        with self._lock:
+            batch, self._buffer = self._buffer, []
+            if not batch and not flags:
+                return self._submitted
+            blob = self._encode(batch) if batch else b""
+            self._submitted += 1
+            ticket = self._submitted
+            frame = memoryview(FRAME.pack(ticket, len(blob), flags) + blob)
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+            try:
+                while frame:
+                    frame = frame[os.write(self._out, frame) :]
+            except OSError as exc:
+                raise JournalError(
+                    f"{self.path}: the journal writer process is gone "
+                    f"(exit status {self._process.poll()}): {exc}"
+                ) from exc
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            return ticket
+
+    def _wait_for(self, ticket: int) -> None:
+        """Read answers until the writer has processed ``ticket``."""
+        while self._written < ticket:
+            header = self._read(ANSWER.size)
+            written, length = ANSWER.unpack(header)
+            if length:
+                self._error = self._read(length).decode("utf-8", "replace")
+            self._written = max(self._written, written)
+        if self._error is not None:
+            raise JournalError(f"{self.path}: journal writer failed: {self._error}")
+
+    def _read(self, n: int) -> bytes:
+        parts = []
+        while n:
+            chunk = os.read(self._in, n)
+            if not chunk:
+                raise JournalError(
+                    f"{self.path}: the journal writer process ended "
+                    f"(exit status {self._process.wait()}) before it answered"
+                )
+            parts.append(chunk)
+            n -= len(chunk)
+        return b"".join(parts)

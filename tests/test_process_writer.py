@@ -1,0 +1,118 @@
+"""The journal writer process: same journal as the thread, and it survives the engine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from journal import Journal, JournalError, ProcessWriter
+from kvstate import events as ev
+from kvstate.batches import ORPHANED, BatchCodec, encode_batch
+from kvstate.codec import Entry, from_stored
+from kvstate.recorder import Recorder
+from replay.engine import replay
+
+
+def _events(n: int) -> list[ev.Event]:
+    out: list[ev.Event] = []
+    for i in range(n):
+        out.append(ev.JobReceived(job=i, rank=i % 2))
+        out.append(ev.DmaDone(job=i, rank=i % 2, digest=f"d{i}", blocks=(i, i + 1)))
+        out.append(ev.RequestFinished(req=f"r{i}", gen=i, hold=bool(i % 3)))
+    return out
+
+
+def _stored(path: Path) -> list[Entry]:
+    with Journal(path, readonly=True) as journal:
+        return [from_stored(*row, str(path)) for row in journal.stored_rows()]
+
+
+def test_the_writer_process_writes_what_the_thread_writes(tmp_path: Path) -> None:
+    events = _events(50)
+    clock = iter(range(10**6)).__next__
+    paths = []
+    for process in (False, True):
+        path = tmp_path / f"{process}.db"
+        with Recorder.open(path, block_size=16, world_size=2, process=process, clock=clock) as rec:
+            for i, event in enumerate(events):
+                rec.record(event, i // 7)
+                if i % 7 == 6:
+                    rec.commit(wait=i % 2 == 0)
+        paths.append(path)
+    thread, process = (_stored(p) for p in paths)
+    assert [(e.seq, e.step, e.event) for e in thread] == [(e.seq, e.step, e.event) for e in process]
+    assert len(process) == len(events) + 1
+
+
+def test_a_killed_engine_loses_nothing_it_handed_over(tmp_path: Path) -> None:
+    path = tmp_path / "engine.db"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from kvstate import events as ev
+        from kvstate.recorder import Recorder
+        rec = Recorder.open({str(path)!r}, block_size=16, world_size=1, process=True)
+        for i in range(300):
+            rec.record(ev.JobReceived(job=i, rank=0), i // 10)
+            if i % 10 == 9:
+                rec.commit(wait=False)  # handed over, not waited for
+        rec.record(ev.JobReceived(job=999, rank=0), 99)  # never handed over
+        print(rec.writer.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == -9, run.stderr
+    writer = int(run.stdout.split()[0])
+    _wait_until_gone(writer)
+    stored = _stored(path)
+    received = [e.event.job for e in stored if isinstance(e.event, ev.JobReceived)]
+    assert received == list(range(300))
+    last = stored[-1].event
+    assert isinstance(last, ev.EngineCrashed) and last.error == ORPHANED
+    result = replay([str(path)])
+    assert result.violations[-1].code == "CRASH"  # (the jobs were never enqueued: CAUSALITY)
+
+
+def test_a_write_error_in_the_writer_process_reaches_the_engine(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    Journal(path).close()
+    writer: ProcessWriter[Entry] = ProcessWriter(path, encode_batch, "kvstate.batches:BatchCodec")
+    writer.append(Entry(1, 0, None, ev.EngineIdle()))
+    writer.commit()
+    writer.append(Entry(1, 0, None, ev.EngineIdle()))  # seq 1 again
+    with pytest.raises(JournalError, match="does not follow seq 1"):
+        writer.commit()
+    with pytest.raises(JournalError):
+        writer.close()
+    assert writer._process.poll() is not None
+    assert [e.seq for e in _stored(path)] == [1]
+
+
+def test_a_record_the_decoder_refuses_is_still_written_and_named(tmp_path: Path) -> None:
+    # Building an event does not validate it; the writer keeps it as it was
+    # handed over and every reader names its seq.
+    codec = BatchCodec()
+    blob = encode_batch([Entry(4, 0, None, ev.JobStarted(job=-5, rank=3))])
+    [(seq, kind, _step, rank, _ts, payload)] = codec.rows(blob)
+    assert (seq, kind, rank) == (4, "job_started", 3)
+    with pytest.raises(Exception, match="'job' must be a non-negative integer"):
+        from_stored(seq, kind, 0, rank, None, payload, "j.db")
+
+
+def _wait_until_gone(pid: int) -> None:
+    # A safety bound for a broken writer, not a judgement of speed: the
+    # writer exits as soon as it has read its pipe to the end.
+    for _ in range(6000):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"writer process {pid} outlived its engine")
