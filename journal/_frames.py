@@ -6,8 +6,9 @@ import struct
 
 #: frame header, engine to writer: ticket, blob length, flags
 FRAME = struct.Struct("<QIB")
-#: answer header, writer to engine: the ticket of the last batch written, error length
-ANSWER = struct.Struct("<QI")
+#: answer header, writer to engine: the ticket of the last batch written, and the
+#: lengths of the error message and of the codec's report that follow it
+ANSWER = struct.Struct("<QII")
 #: flag: the engine waits for an answer to this frame
 WAIT = 1
 #: flag: the last frame; the writer answers, finishes the journal and exits

@@ -1,11 +1,13 @@
 """The journal writer process: the program behind :class:`journal.ProcessWriter`.
 
-Run as ``python -m journal._writer_process PATH SYNCHRONOUS CODEC PARENT_PID``.
+Run as ``python -m journal._writer_process PATH SYNCHRONOUS CODEC ARG PARENT_PID``.
 It reads frames from standard input, each one encoded batch handed over by
 the engine process, turns a batch into rows with the application's codec
-(``CODEC`` names ``module:attribute``, an object with ``rows(blob)`` and
-``orphaned(last_seq, last_step)``), appends it to the journal as one commit,
-and answers on standard output when the engine asked to wait.
+(``CODEC`` names ``module:attribute``, called with ``ARG``; it has
+``rows(blob)``, ``committed()``, ``report()`` and ``orphaned(last_seq)``),
+appends it to the journal as one commit, tells the codec, and answers on
+standard output when the engine asked to wait, with the codec's report
+(kvstate's: what its audit of the committed records found).
 
 It never outlives its parent: when standard input ends without the close
 frame (the engine was killed, or crashed in C), or the parent process is
@@ -51,22 +53,21 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     return b"".join(parts)
 
 
-def _answer(fd: int, ticket: int, error: str | None) -> None:
+def _answer(fd: int, ticket: int, error: str | None, report: bytes) -> None:
     message = (error or "").encode("utf-8", "replace")
-    data = memoryview(ANSWER.pack(ticket, len(message)) + message)
+    data = memoryview(ANSWER.pack(ticket, len(message), len(report)) + message + report)
     while data:
         data = data[os.write(fd, data) :]
 
 
 def serve(
-    path: str, synchronous: str, codec_name: str, parent: int, fd_in: int, fd_out: int
+    path: str, synchronous: str, codec_name: str, arg: str, parent: int, fd_in: int, fd_out: int
 ) -> int:
     """The writer's loop; returns the exit status."""
-    codec = load(codec_name)()
+    codec = load(codec_name)(arg)
     journal = Journal(path, synchronous=synchronous)
     written = 0
     error: str | None = None
-    closed = False
     try:
         while True:
             ready, _, _ = select.select([fd_in], [], [], PARENT_CHECK_S)
@@ -81,18 +82,26 @@ def serve(
             blob = _read_exact(fd_in, length) if length else b""
             if blob is None:
                 break  # a frame cut short: its batch never arrived whole
+            committed = False
             if blob and error is None:
                 try:
                     journal.append_rows(codec.rows(blob))
+                    committed = True
                 except Exception as exc:  # reported to the engine on its next wait
                     error = f"{type(exc).__name__}: {exc}"
             written = ticket
-            if flags & CLOSE:
-                closed = True
+            closed = bool(flags & CLOSE)
+            if closed and committed:
+                codec.committed()  # the last findings go with the last answer
+                committed = False
             if flags & (WAIT | CLOSE):
-                # the engine may be gone: what it handed over is written all the same
+                # The batch is durable: the engine goes on while the codec
+                # works on it (its findings come with the next answer). The
+                # engine may be gone: what it handed over is written all the same.
                 with contextlib.suppress(OSError):
-                    _answer(fd_out, written, error)
+                    _answer(fd_out, written, error, codec.report())
+            if committed:
+                codec.committed()
             if closed:
                 return 0
         if error is None:
@@ -105,10 +114,9 @@ def serve(
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    path, synchronous, codec_name, parent = argv
-    return serve(
-        path, synchronous, codec_name, int(parent), sys.stdin.fileno(), sys.stdout.fileno()
-    )
+    path, synchronous, codec_name, arg, parent = argv
+    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
+    return serve(path, synchronous, codec_name, arg, int(parent), stdin, stdout)
 
 
 if __name__ == "__main__":

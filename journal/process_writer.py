@@ -55,9 +55,12 @@ class ProcessWriter(Generic[T]):
     ``path`` is a journal that already exists (created with its schema);
     ``encode_batch`` turns a batch of items into bytes on the engine's
     side; ``codec`` names (``module:attribute``) the class the writer
-    process builds to turn those bytes into rows (see
-    :mod:`journal._writer_process`). A write failure in the writer process
-    is raised from the next ``commit`` that waits, ``flush`` or ``close``.
+    process builds, with ``codec_arg``, to turn those bytes into rows (see
+    :mod:`journal._writer_process`). ``codec_arg`` may be a function: it is
+    called when the process starts, at the first commit. ``on_report`` gets
+    each non-empty report the codec sends back with an answer. A write
+    failure in the writer process is raised from the next ``commit`` that
+    waits, ``flush`` or ``close``.
     """
 
     def __init__(
@@ -67,21 +70,33 @@ class ProcessWriter(Generic[T]):
         codec: str,
         *,
         synchronous: str = "NORMAL",
+        codec_arg: str | Callable[[], str] = "",
+        on_report: Callable[[bytes], None] | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self._encode = encode_batch
+        self._codec = codec
+        self._codec_arg = codec_arg
+        self._synchronous = synchronous
+        self._on_report = on_report
         self._lock = threading.Lock()
         self._buffer: list[T] = []
         self._submitted = 0
         self._written = 0
         self._error: str | None = None
         self._closed = False
+        self._process: subprocess.Popen[bytes] | None = None
+        _OPEN.add(self)
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        """Start the writer process (at the first frame)."""
+        arg = self._codec_arg if isinstance(self._codec_arg, str) else self._codec_arg()
         env = dict(os.environ)
         # the writer imports the codec from where the engine found it
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "journal._writer_process", self.path, synchronous, codec,
-             str(os.getpid())],
+        process = self._process = subprocess.Popen(
+            [sys.executable, "-m", "journal._writer_process", self.path, self._synchronous,
+             self._codec, arg, str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -89,17 +104,17 @@ class ProcessWriter(Generic[T]):
             # engine, which then closes the writer; it never kills it mid-batch
             start_new_session=True,
         )  # fmt: skip
-        stdin, stdout = self._process.stdin, self._process.stdout
+        stdin, stdout = process.stdin, process.stdout
         if stdin is None or stdout is None:
             raise JournalError(f"{self.path}: the journal writer process has no pipes")
         self._out = stdin.fileno()
         self._in = stdout.fileno()
-        _OPEN.add(self)
+        return process
 
     @property
-    def pid(self) -> int:
-        """The writer process's id."""
-        return self._process.pid
+    def pid(self) -> int | None:
+        """The writer process's id (None until the first commit starts it)."""
+        return None if self._process is None else self._process.pid
 
     def append(self, item: T) -> None:
         """Add one item to the current batch (no I/O); refused once the writer is closed."""
@@ -134,10 +149,12 @@ class ProcessWriter(Generic[T]):
         finally:
             self._closed = True
             _OPEN.discard(self)
-            for pipe in (self._process.stdin, self._process.stdout):
-                with contextlib.suppress(OSError):
-                    pipe.close()  # type: ignore[union-attr]
-            self._process.wait()
+            process = self._process
+            if process is not None:
+                for pipe in (process.stdin, process.stdout):
+                    with contextlib.suppress(OSError):
+                        pipe.close()  # type: ignore[union-attr]
+                process.wait()
 
     def __enter__(self) -> ProcessWriter[T]:
         return self
@@ -153,6 +170,7 @@ class ProcessWriter(Generic[T]):
             batch, self._buffer = self._buffer, []
             if not batch and not flags:
                 return self._submitted
+            process = self._process if self._process is not None else self._start()
             blob = self._encode(batch) if batch else b""
             self._submitted += 1
             ticket = self._submitted
@@ -164,7 +182,7 @@ class ProcessWriter(Generic[T]):
             except OSError as exc:
                 raise JournalError(
                     f"{self.path}: the journal writer process is gone "
-                    f"(exit status {self._process.poll()}): {exc}"
+                    f"(exit status {process.poll()}): {exc}"
                 ) from exc
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old)
@@ -174,9 +192,13 @@ class ProcessWriter(Generic[T]):
         """Read answers until the writer has processed ``ticket``."""
         while self._written < ticket:
             header = self._read(ANSWER.size)
-            written, length = ANSWER.unpack(header)
-            if length:
-                self._error = self._read(length).decode("utf-8", "replace")
+            written, error, report = ANSWER.unpack(header)
+            if error:
+                self._error = self._read(error).decode("utf-8", "replace")
+            if report:
+                data = self._read(report)
+                if self._on_report is not None:
+                    self._on_report(data)
             self._written = max(self._written, written)
         if self._error is not None:
             raise JournalError(f"{self.path}: journal writer failed: {self._error}")
@@ -186,9 +208,10 @@ class ProcessWriter(Generic[T]):
         while n:
             chunk = os.read(self._in, n)
             if not chunk:
+                status = self._process.wait() if self._process is not None else None
                 raise JournalError(
                     f"{self.path}: the journal writer process ended "
-                    f"(exit status {self._process.wait()}) before it answered"
+                    f"(exit status {status}) before it answered"
                 )
             parts.append(chunk)
             n -= len(chunk)

@@ -50,6 +50,8 @@ def _flush_open_writers() -> None:
 class JournalWriter(Generic[T]):
     """Buffers items and writes them to a :class:`Journal` in batches.
 
+    ``after_write`` is called with each batch once it is written, on the
+    thread that wrote it (an application's audit of what it committed).
     ``encode`` turns one buffered item into a :class:`Record`, or into a row
     ``(seq, kind, step, rank, ts, payload)`` (cheaper: see
     :meth:`Journal.append_rows`). With
@@ -61,10 +63,17 @@ class JournalWriter(Generic[T]):
     """
 
     def __init__(
-        self, journal: Journal, encode: Callable[[T], Record | NewRow], *, background: bool = True
+        self,
+        journal: Journal,
+        encode: Callable[[T], Record | NewRow],
+        *,
+        background: bool = True,
+        after_write: Callable[[list[T]], None] | None = None,
     ) -> None:
         self.journal = journal
         self._encode = encode
+        #: called with each batch once it is written, on the thread that wrote it
+        self._after_write = after_write
         self._lock = threading.Lock()
         self._buffer: list[T] = []
         self._error: BaseException | None = None
@@ -225,6 +234,12 @@ class JournalWriter(Generic[T]):
             except BaseException as exc:
                 self._error = exc
                 self.unwritten.append(batch)
+            else:
+                if self._after_write is not None:
+                    try:
+                        self._after_write(batch)
+                    except BaseException as exc:  # written; raised from the next commit
+                        self._error = exc
         finally:
             self._written = ticket
             with self._waiting_lock:

@@ -3,8 +3,10 @@
 Every scheduler and worker transition is an immutable event
 (:mod:`kvstate.events`) appended to a journal (:mod:`journal`) and folded into
 the reference ledger (:class:`Ledger`). Connectors embed
-:class:`SchedulerLedger` and one :class:`WorkerLedger` per rank; replay folds
-a journal offline with the same code.
+:class:`SchedulerLedger` and one :class:`WorkerLedger` per rank, which keep
+only what their decisions need; the recorder's audit (:mod:`kvstate.audit`)
+runs the fold on the same records, live, and replay folds a journal offline
+with the same code.
 
 This package is the embeddable core: importing it loads no simulator, no
 torch and no terminal UI. Harness code lives in :mod:`kvstate.harness`.

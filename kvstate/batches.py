@@ -11,17 +11,26 @@ reads the rank from the event's typed decode.
 A record whose payload the typed decoder refuses is still written as it was
 handed over: the journal never drops what the engine recorded, and every
 reader then names that record's seq.
+
+With an audit configuration (see :meth:`kvstate.audit.Auditor.remote_config`)
+the codec also folds every committed batch, parking settled state in a
+:class:`~kvstate.spill.SpillArchive`, and its :meth:`BatchCodec.report`
+carries the findings back to the engine with the writer's next answer.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import msgspec
 
 from .codec import Entry, payload_bytes
 from .events import SIDE_WORKER, EngineCrashed
+from .violations import Code, Violation
+
+if TYPE_CHECKING:
+    from .audit import Auditor
 
 _encode = msgspec.msgpack.Encoder().encode
 _Blob = tuple[list[str], list[tuple[int, int, Optional[int], msgspec.Raw]]]  # noqa: UP045
@@ -35,39 +44,81 @@ def encode_batch(batch: list[Entry]) -> bytes:
     return _encode(([entry[3].kind for entry in batch], batch))
 
 
-class BatchCodec:
-    """Rows from blobs, in the journal writer process (see :mod:`journal.process_writer`)."""
+def encode_report(found: list[Violation]) -> bytes:
+    """Findings as the writer process sends them back."""
+    return _encode([v.to_dict() for v in found]) if found else b""
 
-    def __init__(self) -> None:
+
+def decode_report(report: bytes) -> list[Violation]:
+    """The findings of :func:`encode_report`."""
+    out = []
+    for item in msgspec.msgpack.decode(report):
+        item["code"] = Code(item["code"])
+        item["chain"] = tuple(item["chain"])
+        out.append(Violation(**item))
+    return out
+
+
+class BatchCodec:
+    """Rows from blobs, in the journal writer process (see :mod:`journal.process_writer`).
+
+    ``audit`` is the engine's :meth:`~kvstate.audit.Auditor.remote_config`
+    (empty: no audit here).
+    """
+
+    def __init__(self, audit: str = "") -> None:
         from .codec import _DECODERS  # the one decoder of each kind
 
         self._decoders = _DECODERS
         self._decode_blob = msgspec.msgpack.Decoder(_Blob).decode
         self._last_step = 0
+        self._auditor: Auditor | None = None
+        if audit:
+            from .audit import Auditor
+            from .spill import SpillArchive
+
+            self._auditor = Auditor.remote(audit, SpillArchive())
+        #: the decoded entries of the batch being committed (for the audit)
+        self._entries: list[Entry] = []
+        self._found: list[Violation] = []
 
     def rows(self, blob: bytes) -> list[tuple[int, str, int, int | None, int | None, bytes]]:
         kinds, entries = self._decode_blob(blob)
         rows = []
+        audited = self._entries = []
         for kind, (seq, step, ts, raw) in zip(kinds, entries, strict=True):
             payload = bytes(raw)
-            rows.append((seq, kind, step, self._rank(kind, payload), ts, payload))
+            event = self._event(kind, payload)
+            rank = event.rank if event is not None and event.side == SIDE_WORKER else None
+            if event is None:
+                rank = _rank_of_payload(payload)
+            elif self._auditor is not None:
+                audited.append(Entry(seq, step, ts, event))
+            rows.append((seq, kind, step, rank, ts, payload))
         if rows:
             self._last_step = rows[-1][2]
         return rows
 
-    def _rank(self, kind: str, payload: bytes) -> int | None:
+    def committed(self) -> None:
+        """The batch is in the journal: fold it."""
+        auditor = self._auditor
+        if auditor is None:
+            return
+        for seq, step, _ts, event in self._entries:
+            self._found.extend(auditor.apply(seq, step, event))
+        self._entries = []
+
+    def report(self) -> bytes:
+        """What the audit found since the last report."""
+        found, self._found = self._found, []
+        return encode_report(found)
+
+    def _event(self, kind: str, payload: bytes) -> Any:
         try:
-            event: Any = self._decoders[kind](payload)
+            return self._decoders[kind](payload)
         except (KeyError, msgspec.DecodeError):
-            # Kept as handed over; replay names this record's seq. Its rank
-            # is whatever the payload says, if it says one.
-            try:
-                fields = msgspec.msgpack.decode(payload)
-            except msgspec.DecodeError:
-                return None
-            rank = fields.get("rank") if type(fields) is dict else None
-            return rank if type(rank) is int else None
-        return event.rank if event.side == SIDE_WORKER else None
+            # Kept as handed over; replay names this record's seq.
+            return None
 
     def orphaned(self, last_seq: int) -> list[tuple[int, str, int, None, int, bytes]]:
         """The record that closes a journal whose engine died: ``engine_crashed``."""
@@ -76,3 +127,13 @@ class BatchCodec:
             (last_seq + 1, event.kind, self._last_step, None, time.monotonic_ns(),
              payload_bytes(event))
         ]  # fmt: skip
+
+
+def _rank_of_payload(payload: bytes) -> int | None:
+    """The rank a payload the decoder refused says it has, if it says one."""
+    try:
+        fields = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        return None
+    rank = fields.get("rank") if type(fields) is dict else None
+    return rank if type(rank) is int else None

@@ -1,17 +1,24 @@
-"""The scheduler-side ledger a connector embeds.
+"""The scheduler-side ledger a connector embeds: the guards of its decisions.
 
 Method names follow vLLM's connector hooks. Each call appends one event to
-the journal and folds it into a :class:`~kvstate.ledger.Ledger`; every answer
-the connector asks for (which generation, which jobs may free their pins, is
-push work pending) is read from that folded state, never from a second copy.
+the journal and keeps only what the connector's decisions need: each
+request's newest generation and current block table, and each job's pins
+and completion count. Every invariant is checked by the fold
+(:mod:`kvstate.audit`), which runs on the same records, inline or where the
+journal is written; ``tests/test_stateful.py`` checks after every step that
+these guards decide as the fold does.
 
 The two rules the upstream fixes arrived at are built in:
 
 * a store job pins every block it may read (copy-on-write tail blocks first)
   until all ``world_size`` ranks have reported it, so preempting or finishing
-  the request cannot hand those blocks to someone else while a PUT reads them;
+  the request cannot hand those blocks to someone else while a PUT reads them
+  (vLLM #52360, fixed by #52372);
 * job ids come from one monotonic counter, never from the request id, which
-  is reused after resume.
+  is reused after resume (vLLM #51637).
+
+A job's pins are one tuple, kept by reference: enqueueing, completing and
+releasing a job costs the same whatever the length of the table it pins.
 """
 
 from __future__ import annotations
@@ -19,29 +26,48 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NoReturn
 
+import attrs
+
 from . import events as ev
+from ._generations import Generations
 from .archive import Archive
 from .errors import UnknownJobError, UnknownRequestError
-from .ledger import Ledger
 from .recorder import Recorder
-from .state import RequestState, StoreJobState
 from .violations import Violation, raise_for
 
 
+@attrs.define(slots=True)
+class JobGuard:
+    """What the scheduler keeps of a job until every rank reported it and its
+    pins went back: its incarnation, reads, pins and completions."""
+
+    job: int
+    req: str
+    gen: int
+    reads: tuple[int, ...]
+    pins: tuple[int, ...]
+    keys: tuple[str, ...]
+    parent: str | None
+    world_size: int
+    completions: int = 0
+    released: bool = False
+
+
 class SchedulerLedger:
-    """Records and checks every scheduler-side transition.
+    """Records every scheduler-side transition and guards the connector's decisions.
 
-    With ``strict`` (the default) a call that breaks an invariant raises the
-    code's exception (a subclass of
-    :class:`~kvstate.violations.InvariantViolation`) right after its record
-    is journaled, so replay shows the same breach. Without it, violations
-    collect in :attr:`violations`.
+    With ``strict`` (the default) a finding of the audit raises the code's
+    exception (a subclass of :class:`~kvstate.violations.InvariantViolation`)
+    from the ledger call that made the breaching record, once its record is
+    journaled: at once with the recorder's ``inline`` audit, at the next
+    call with a ``commit`` audit. Without it, findings collect in
+    :attr:`violations`.
 
-    ``archive`` is where settled jobs and requests are parked: in memory by
-    default (a few hundred bytes per finished job stay behind); pass a
-    :class:`kvstate.spill.SpillArchive` to keep them in a temporary file, so
-    memory follows live state however long the engine runs. The caller owns
-    it (``close()`` it when the ledger is done).
+    ``archive`` is where settled state is parked: the generations of
+    finished requests here, and settled jobs and requests of an inline
+    audit's fold. In memory by default; a :class:`kvstate.spill.SpillArchive`
+    keeps them in a temporary file, so memory follows live state however
+    long the engine runs. The caller owns it (``close()`` it when done).
     """
 
     def __init__(
@@ -49,33 +75,40 @@ class SchedulerLedger:
     ) -> None:
         self.recorder = recorder
         self.strict = strict
-        # Settled jobs and requests are parked (kvstate.archive), so a ledger
-        # that lives as long as the engine keeps what is live: plus a packed
-        # few hundred bytes per finished job in the default in-memory archive,
-        # plus nothing with a kvstate.spill.SpillArchive (they go to disk).
-        self.ledger = Ledger(
-            observes_workers=False, archive=archive if archive is not None else Archive()
-        )
-        header = recorder.header
-        self.ledger.apply(header.seq, header.step, header.event)
-        self.block_size = self.ledger.block_size
-        self.world_size = self.ledger.world_size
-        self.violations: list[Violation] = []
+        recorder.auditor.attach_scheduler(archive if recorder._inline else None)
+        header = recorder.header.event
+        if not isinstance(header, ev.JournalOpened):
+            raise TypeError(f"a recorder's first record is journal_opened, not {header.kind}")
+        self.block_size = header.block_size
+        self.world_size = header.world_size
         self.step = 0
         self._next_job = 0
+        self._gens = Generations(archive)
+        #: the current table of each request's newest generation
+        self._tables: dict[str, list[int]] = {}
+        #: requests whose finish kept blocks (``hold``), and which generations
+        self._held: dict[str, set[int]] = {}
+        #: jobs not yet done (completions outstanding, or pins held)
+        self._jobs: dict[int, JobGuard] = {}
+        #: jobs whose pins are held, in enqueue order
+        self._pinned: dict[int, None] = {}
+
+    @property
+    def violations(self) -> list[Violation]:
+        """Every finding of the audit of this ledger's recorder so far."""
+        return self.recorder.violations
 
     # -- recording -----------------------------------------------------------------
 
     def _emit(self, event: ev.Event) -> int:
-        entry = self.recorder.record(event, self.step)
-        found = self.ledger.apply(entry.seq, entry.step, event)
-        if found:
-            self.violations.extend(found)
-            if self.strict and any(not v.is_warning for v in found):
-                # The breaching record is on disk before the exception can
-                # take the process down.
-                self.recorder.flush_before_raising()
-                raise_for(found)
+        recorder = self.recorder
+        entry = recorder.record(event, self.step)
+        found = recorder.check(entry)
+        if found and self.strict and any(not v.is_warning for v in found):
+            # The breaching record is on disk before the exception can
+            # take the process down.
+            recorder.flush_before_raising()
+            raise_for(found)
         return entry.seq
 
     def _fail(self, error: Exception) -> NoReturn:
@@ -83,11 +116,11 @@ class SchedulerLedger:
         self.recorder.flush_before_raising()
         raise error
 
-    def _request(self, req: str, hook: str) -> RequestState:
-        request = self.ledger.request(req)
-        if request is None:
+    def _gen(self, req: str, hook: str) -> int:
+        gen = self._gens.get(req)
+        if gen is None:
             self._fail(UnknownRequestError(req, hook))
-        return request
+        return gen
 
     def begin_step(self, step: int | None = None) -> int:
         """Start the next engine step; the previous one's records are committed together."""
@@ -99,39 +132,48 @@ class SchedulerLedger:
 
     def current_gen(self, req: str, hook: str = "current_gen") -> int:
         """The newest generation of ``req`` (:class:`UnknownRequestError` if never admitted)."""
-        return self._request(req, hook).newest_gen
-
-    def _next_gen(self, req: str) -> int:
-        request = self.ledger.request(req)
-        return 0 if request is None else request.newest_gen + 1
+        return self._gen(req, hook)
 
     def admit(self, req: str, prompt_tokens: int, hashes: Sequence[str | int] | None = None) -> int:
         """A new request (or a new incarnation of a finished id); returns its gen."""
-        gen = self._next_gen(req)
+        newest = self._gens.get(req)
+        gen = 0 if newest is None else newest + 1
         hashes = None if hashes is None else tuple(hashes)
         self._emit(ev.RequestAdmitted(req=req, gen=gen, prompt_tokens=prompt_tokens, hashes=hashes))
+        self._new_generation(req, gen)
         return gen
 
     def resume(self, req: str) -> int:
         """A preempted request runs again as a new, greater generation."""
-        self._request(req, "resume")
-        gen = self._next_gen(req)
+        gen = self._gen(req, "resume") + 1
         self._emit(ev.RequestResumed(req=req, gen=gen))
+        self._new_generation(req, gen)
         return gen
+
+    def _new_generation(self, req: str, gen: int) -> None:
+        self._gens.set(req, gen)
+        self._tables[req] = []  # a new incarnation starts with an empty table
 
     def preempt(self, req: str) -> None:
         """The engine took the request's blocks back. Jobs keep their own pins."""
         self._emit(ev.RequestPreempted(req=req, gen=self.current_gen(req, "preempt")))
+        self._tables[req] = []
 
     def request_finished(self, req: str, *, hold: bool = False, aborted: bool = False) -> None:
         """Finish or abort; legal in any state, including after a preemption.
 
-        There is deliberately no lookup that could fail here: upstream's
-        ``assert tracker is not None`` crashed the engine on exactly this path.
+        There is deliberately no lookup that could fail here beyond the id
+        itself: upstream's ``assert tracker is not None`` crashed the engine
+        on exactly this path (vLLM #43281).
         """
         gen = self.current_gen(req, "request_finished")
         hold = self._finish_hold(req, hold)
         self._emit(ev.RequestFinished(req=req, gen=gen, hold=hold, aborted=aborted))
+        if hold and self._tables.get(req):
+            self._held.setdefault(req, set()).add(gen)  # the table stays until released
+        else:
+            self._tables[req] = []
+            self._settle(req)
 
     finish = request_finished
 
@@ -142,11 +184,24 @@ class SchedulerLedger:
         a finished id may already have been admitted again, so the current
         generation is not necessarily the one holding them.
         """
+        current = self.current_gen(req, "release_held")
+        held = self._held.get(req, set())
         if gen is None:
-            incarnations = self._request(req, "release_held").incarnations
-            held = [g for g, inc in incarnations.items() if inc.held]
-            gen = max(held) if held else self.current_gen(req, "release_held")
+            gen = max(held) if held else current
         self._emit(ev.HeldBlocksReleased(req=req, gen=gen))
+        if gen in held:
+            held.discard(gen)
+            if not held:
+                del self._held[req]
+            if gen == current:
+                self._tables[req] = []
+                self._settle(req)
+
+    def _settle(self, req: str) -> None:
+        """A finished request with nothing held: only its generation is kept, parked."""
+        if req not in self._held and not self._tables.get(req):
+            self._tables.pop(req, None)
+            self._gens.park(req)
 
     def assign_blocks(
         self, req: str, blocks: Iterable[int], *, resumed: bool, cached: Iterable[int] = ()
@@ -157,29 +212,40 @@ class SchedulerLedger:
         ``scheduled_cached_reqs.resumed_req_ids``): a resumed request's
         ``new_block_ids`` is its whole table and replaces it; a running
         request's is a delta and appends. A connector-local notion of
-        "preempted" drifted from the engine's and corrupted tables upstream.
+        "preempted" drifted from the engine's and corrupted tables upstream
+        (vLLM #46595).
         """
+        blocks = tuple(blocks)
+        mode = self._assign_mode(req, resumed)
         self._emit(
             ev.BlocksAssigned(
                 req=req,
                 gen=self.current_gen(req, "assign_blocks"),
-                blocks=tuple(blocks),
-                mode=self._assign_mode(req, resumed),
+                blocks=blocks,
+                mode=mode,
                 cached=tuple(cached),
             )
         )
+        table = self._tables.setdefault(req, [])
+        if mode == "replace":
+            table[:] = blocks
+        else:
+            table.extend(blocks)
 
     def holds_blocks(self, req: str, gen: int | None = None) -> bool:
         """Whether a ``hold`` finish of ``req`` keeps blocks (of ``gen``, or of any generation)."""
-        incarnations = self._request(req, "holds_blocks").incarnations
-        if gen is not None:
-            inc = incarnations.get(gen)
-            return inc is not None and inc.held
-        return any(inc.held for inc in incarnations.values())
+        self._gen(req, "holds_blocks")
+        held = self._held.get(req, ())
+        return gen in held if gen is not None else bool(held)
+
+    def held_generations(self, req: str) -> list[int]:
+        """The generations of ``req`` whose ``hold`` finish still keeps blocks, oldest first."""
+        return sorted(self._held.get(req, ()))
 
     def table(self, req: str) -> list[int]:
         """The current block table of ``req``'s newest generation."""
-        return list(self._request(req, "table").current.table)
+        self._gen(req, "table")
+        return list(self._tables.get(req, ()))
 
     # -- store jobs --------------------------------------------------------------------
 
@@ -213,7 +279,7 @@ class SchedulerLedger:
         finish-time job (a partial tail saved as the request finishes) may
         come after :meth:`request_finished`, with its ``reads`` and ``pins``.
         """
-        request = self._request(req, "enqueue_store_job")
+        gen = self._gen(req, "enqueue_store_job")
         table = self._job_table(req)
         if reads is None:
             covered = -(-token_end // self.block_size)
@@ -222,34 +288,50 @@ class SchedulerLedger:
             job = self._next_job
         self._next_job = max(self._next_job, job + 1)
         pins = self._job_pins(cow_blocks, table) if pins is None else tuple(pins)
+        reads, keys = tuple(reads), tuple(keys)
         self._emit(
             ev.JobEnqueued(
                 job=job,
                 req=req,
-                gen=request.newest_gen,
+                gen=gen,
                 token_start=token_start,
                 token_end=token_end,
-                reads=tuple(reads),
+                reads=reads,
                 pins=pins,
-                keys=tuple(keys),
+                keys=keys,
                 world_size=self.world_size,
                 parent=parent,
             )
         )
+        self._jobs[job] = JobGuard(job, req, gen, reads, pins, keys, parent, self.world_size)
+        if pins:
+            self._pinned[job] = None
         return job
 
-    def job(self, job: int) -> StoreJobState:
-        """The folded state of one job."""
-        state = self.ledger.job(job)
+    def job(self, job: int) -> JobGuard:
+        """What this ledger keeps of a job until it is done (:class:`UnknownJobError` after)."""
+        state = self._jobs.get(job)
         if state is None:
-            self._fail(UnknownJobError(job, "job"))
+            self._fail(UnknownJobError(job, "job", "was never enqueued, or is done"))
         return state
+
+    def outstanding(self, req: str) -> bool:
+        """Whether a job of ``req`` still waits for a rank's completion."""
+        return any(j.req == req and j.completions < j.world_size for j in self._jobs.values())
 
     def update_connector_output(self, completed: Mapping[int, int]) -> None:
         """Consume the completion counts of one step, aggregated over ranks."""
         for job, count in sorted(completed.items()):
             if count:
                 self._emit(ev.CompletionsReceived(job=job, count=count))
+                state = self._jobs.get(job)
+                if state is not None:
+                    state.completions += count
+                    self._done(state)
+
+    def _done(self, state: JobGuard) -> None:
+        if state.completions >= state.world_size and (state.released or not state.pins):
+            del self._jobs[state.job]
 
     def releasable_jobs(self) -> list[tuple[int, tuple[int, ...]]]:
         """Jobs every rank has reported, with their pins in tail-first order.
@@ -257,18 +339,21 @@ class SchedulerLedger:
         Tail first, like the engine's own frees: the shared prefix goes back
         to the free queue last and so stays cached longest.
         """
-        jobs = self.ledger.jobs
-        ready = []
-        for job in self.ledger.pinned:
-            state = jobs[job]
-            if state.completions >= state.world_size:
-                ready.append((job, tuple(reversed(state.pins))))
-        return ready
+        jobs = self._jobs
+        return [
+            (job, tuple(reversed(jobs[job].pins)))
+            for job in self._pinned
+            if jobs[job].completions >= jobs[job].world_size
+        ]
 
     def release_pins(self, job: int) -> tuple[int, ...]:
         """Release one job's pins (tail first); returns the blocks to free, in order."""
-        blocks = tuple(reversed(self.job(job).pins))
+        state = self.job(job)
+        blocks = tuple(reversed(state.pins))
         self._emit(ev.PinsReleased(job=job, blocks=blocks))
+        state.released = True
+        self._pinned.pop(job, None)
+        self._done(state)
         return blocks
 
     def release_ready(self) -> list[tuple[int, tuple[int, ...]]]:
@@ -283,7 +368,7 @@ class SchedulerLedger:
     @property
     def pinned_jobs(self) -> int:
         """How many jobs still pin blocks."""
-        return len(self.ledger.pinned)
+        return len(self._pinned)
 
     def has_pending_push_work(self) -> bool:
         """True while a job still pins blocks.
@@ -291,7 +376,7 @@ class SchedulerLedger:
         Completions travel only with step outputs, so the engine must keep
         stepping until every pin is released or they would be held forever.
         """
-        return bool(self.ledger.pinned)
+        return bool(self._pinned)
 
     # -- policy: the decisions the upstream fixes changed --------------------------------
     # kvstate.harness.legacy overrides these with the old behaviours, for the bug zoo.
@@ -302,7 +387,7 @@ class SchedulerLedger:
 
     def _job_table(self, req: str) -> list[int]:
         """The table a new job reads: the engine's current one, whatever this step allocated."""
-        return self._request(req, "enqueue_store_job").current.table
+        return self._tables.get(req, [])
 
     def _job_pins(self, cow_blocks: Sequence[int], table: Sequence[int]) -> tuple[int, ...]:
         """Every block the job may read, copy-on-write tail blocks first."""

@@ -1,45 +1,36 @@
-"""The worker-side ledger a connector embeds, one per rank.
+"""The worker-side ledger a connector embeds, one per rank: the guards of its decisions.
 
-The sending thread's bookkeeping from the fixed upstream connector, as an
-API: register a job *before* queueing it, check liveness when it is dequeued,
-and run it inside :meth:`WorkerLedger.run`, whose single ``finally`` reports
-the job exactly once on every path out: success, skip, put failure or an
-exception anywhere in the body. Effects on request state (resume offset,
-pressure mark, retry tokens) are refused for a job that is no longer live, so
-a stale job can never touch a reused request id.
+The sending thread's bookkeeping from the fixed upstream connector (vLLM
+#52372), as an API: register a job *before* queueing it, check liveness when
+it is dequeued, and run it inside :meth:`WorkerLedger.run`, whose single
+``finally`` reports the job exactly once on every path out: success, skip,
+put failure or an exception anywhere in the body. Effects on request state
+(resume offset, pressure mark, retry tokens) are refused for a job that is
+no longer live, so a stale job can never touch a reused request id (the
+req_id ABA of vLLM #51637).
 
-All state is a :class:`~kvstate.rank.RankLedger` folded from this rank's own
-records, the same fold replay uses. Like the reference ledger, a worker
-ledger parks what has settled (a job reported here, a request with no live
-or pending job) a while after it came, packed, and brings it back whole
-when a call or record names it again. Parked state stays in memory, a few
-hundred bytes a job, unless the ledger is given a
-:class:`kvstate.spill.SpillArchive`: then an engine that runs for weeks keeps
-in memory what is live, not every job it ever saved.
+A rank keeps only what those decisions need: the specs of jobs registered
+and not yet reported, the live jobs, saved offset and retry state of each
+request's newest generation while it runs, the jobs each incarnation still
+has outstanding, and each request's newest generation (parked once the
+request ended, see :mod:`kvstate._generations`). Every invariant is checked
+by the fold (:class:`~kvstate.rank.RankLedger`) that the recorder's audit
+runs on the same records; ``tests/test_stateful.py`` checks that these
+guards decide as the fold does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
 from . import events as ev
-from ._parking import (
-    PARK_AFTER,
-    SWEEP_EVERY,
-    pack_rank_job,
-    pack_rank_request,
-    sweep,
-    unpack_rank_job,
-    unpack_rank_request,
-)
+from ._generations import Generations
 from .archive import Archive
 from .errors import DuplicateJobError, UnknownJobError
-from .rank import RankLedger
 from .recorder import Recorder
 from .violations import Violation, raise_for
 
@@ -61,19 +52,36 @@ class JobSpec:
     enqueued_seq: None = None
 
 
+class _Running:
+    """A request's newest generation on this rank, while it has not ended."""
+
+    __slots__ = ("ended", "gen", "live", "offset", "retry")
+
+    def __init__(self, gen: int, *, ended: bool = False) -> None:
+        self.gen = gen
+        #: jobs of this generation received here, not reported, not ended
+        self.live: set[int] = set()
+        self.offset = 0
+        self.retry: tuple[int, int] | None = None
+        #: only for an effect written on an ended generation (the legacy
+        #: policy's unguarded effects): the fold keeps that state, so do we
+        self.ended = ended
+
+
 class _Skip(Exception):
     """Raised by :meth:`JobRun.skip` to leave the job body; swallowed by ``run``."""
 
 
 class WorkerLedger:
-    """Records and checks the transitions of one rank.
+    """Records the transitions of one rank and guards its decisions.
 
     Thread-safe: registration and preemption notices come from the worker's
     main thread while jobs run on the sending thread; one lock orders them,
     like the connector's ``done_task_lock``.
 
-    ``archive``: where settled jobs and requests are parked, as for
-    :class:`~kvstate.scheduler.SchedulerLedger` (in memory by default; a
+    ``strict`` and the audit's findings work as for
+    :class:`~kvstate.scheduler.SchedulerLedger`. ``archive``: where the
+    generations of ended requests are parked (in memory by default; a
     :class:`kvstate.spill.SpillArchive` keeps them on disk; the caller owns it).
     """
 
@@ -84,8 +92,6 @@ class WorkerLedger:
         *,
         strict: bool = True,
         commit_steps: bool = False,
-        park_after: int = PARK_AFTER,
-        sweep_every: int = SWEEP_EVERY,
         archive: Archive | None = None,
     ) -> None:
         self.rank = rank
@@ -95,52 +101,39 @@ class WorkerLedger:
         #: commits at each step, as the scheduler does; one sharing the
         #: scheduler's recorder leaves that to the scheduler's begin_step
         self.commit_steps = commit_steps
-        self._specs: dict[int, JobSpec] = {}
-        #: what this rank has folded; parked jobs and requests are not in it
-        #: (see :meth:`spec` and the readers below, which bring them back)
-        self.state = RankLedger(rank, self._specs, knows_all_jobs=False)
-        self.violations: list[Violation] = []
         self.step = 0
+        #: jobs registered and not yet reported
+        self._specs: dict[int, JobSpec] = {}
+        #: every spec registered, for an audit of this rank's records alone
+        #: (it cannot read them from a scheduler's job_enqueued)
+        self._audit_specs: dict[int, JobSpec] = {}
+        recorder.auditor.attach_rank(rank, self._audit_specs)
+        self._running: dict[str, _Running] = {}
+        #: (req, gen) -> jobs received here and not reported yet
+        self._pending: dict[tuple[str, int], set[int]] = {}
+        self._gens = Generations(archive)
+        self._last_job = -1
+        self._received = 0
         self._completed: dict[int, int] = {}
         self._lock = threading.RLock()
-        #: settled jobs and requests, packed (see kvstate.archive); only ever
-        #: used with the lock held, so a SpillArchive needs no lock of its own
-        self.archive = archive if archive is not None else Archive()
-        self.park_after = park_after
-        self.sweep_every = sweep_every
-        self._records = 0
-        self._parked_jobs = 0
-        #: jobs and requests in memory, with the record count when each came
-        #: (registered, first seen, or brought back), oldest first (see _recall)
-        self._arrived_jobs: OrderedDict[int, int] = OrderedDict()
-        self._arrived_requests: OrderedDict[str, int] = OrderedDict()
-        #: the generations this rank has seen of each request (parked with it)
-        self._gens: dict[str, tuple[int, ...]] = {}
+
+    @property
+    def violations(self) -> list[Violation]:
+        """Every finding of the audit of this ledger's recorder so far."""
+        return self.recorder.violations
 
     def _emit(self, event: ev.Event, *, quiet: bool = False) -> None:
-        """Record and fold one event; in strict mode raise on a breach unless ``quiet``.
+        """Record one event; in strict mode raise on a finding unless ``quiet``.
 
-        Called with the lock held: the record and its fold are one step.
-        ``quiet`` is for records made while another exception is already
-        unwinding: their violations are collected, the first error wins.
+        Called with the lock held. ``quiet`` is for records made while
+        another exception is already unwinding: the first error wins.
         """
-        entry = self.recorder.record(event, self.step)
-        self._records += 1
-        job: int | None = getattr(event, "job", None)
-        req: str | None = getattr(event, "req", None)
-        self._recall(job, req)
-        gen: int | None = getattr(event, "gen", None)  # preemption_seen, request_retired
-        if req is not None and gen is not None:
-            self._saw_gen(req, gen)
-        found: list[Violation] = []
-        self.state.apply(entry.seq, event, found)
-        if self._records % self.sweep_every == 0:
-            self._park_settled()
-        if found:
-            self.violations.extend(found)
-            if self.strict and not quiet and any(not v.is_warning for v in found):
-                self.recorder.flush_before_raising()
-                raise_for(found)
+        recorder = self.recorder
+        entry = recorder.record(event, self.step)
+        found = recorder.check(entry)
+        if found and self.strict and not quiet and any(not v.is_warning for v in found):
+            recorder.flush_before_raising()
+            raise_for(found)
 
     def begin_step(self, step: int) -> None:
         """The scheduler step whose metadata this rank is processing.
@@ -158,25 +151,58 @@ class WorkerLedger:
         """Enter a job in the ledger. Call before putting it on the queue, so
         no job is ever dequeued unledgered."""
         with self._lock:
-            self._recall(spec.job, spec.req)
-            if spec.job in self._specs:
+            job = spec.job
+            # Job ids only grow (one counter on the scheduler), so an id not
+            # above every earlier one was registered before.
+            if job in self._specs or job <= self._last_job:
                 self.recorder.flush_before_raising()
-                raise DuplicateJobError(spec.job, self.rank)
-            self._specs[spec.job] = spec
-            self._arrived_jobs[spec.job] = self._records
-            self._saw_gen(spec.req, spec.gen)
-            self._emit(ev.JobReceived(job=spec.job, rank=self.rank))
+                raise DuplicateJobError(job, self.rank)
+            self._last_job = job
+            self._specs[job] = spec
+            if self.recorder.auditor.wants_specs:
+                self._audit_specs[job] = spec
+            self._emit(ev.JobReceived(job=job, rank=self.rank))
+            self._received += 1
+            key = (spec.req, spec.gen)
+            pending = self._pending.get(key)
+            if pending is None:
+                self._pending[key] = {job}
+            else:
+                pending.add(job)
+            newest = self._gens.get(spec.req)
+            running = self._running.get(spec.req)
+            if newest is None or spec.gen > newest:
+                # A newer generation replaces the request's state wholesale:
+                # the old generation's jobs are no longer live, so they can
+                # neither retire it nor write its offset.
+                self._gens.set(spec.req, spec.gen)
+                running = self._running[spec.req] = _Running(spec.gen)
+            if running is not None and running.gen == spec.gen and not running.ended:
+                running.live.add(job)
 
     def preemption_seen(self, req: str, gen: int) -> None:
         """``(req, gen)`` was preempted or finished: its queued jobs turn stale at once."""
         with self._lock:
             self._emit(ev.PreemptionSeen(req=req, gen=gen, rank=self.rank))
+            newest = self._gens.get(req)
+            if newest is None or gen >= newest:
+                # Like the fixed connector: the ended generation's live jobs,
+                # offset and retry state go at once.
+                self._gens.set(req, gen)
+                self._running.pop(req, None)
+                self._gens.park(req)
 
     def is_live(self, job: int) -> bool:
         """Registered, of the newest generation of its request, not ended, not reported."""
         with self._lock:
-            self._recall(job)
-            return self.state.is_live(job)
+            return self._is_live(job)
+
+    def _is_live(self, job: int) -> bool:
+        spec = self._specs.get(job)
+        if spec is None:
+            return False
+        running = self._running.get(spec.req)
+        return running is not None and job in running.live
 
     def retire(self, req: str, gen: int) -> bool:
         """Declare every save of ``(req, gen)`` done, if none is still outstanding here.
@@ -188,26 +214,23 @@ class WorkerLedger:
         and retiring the old one would be a stale effect on it.
         """
         with self._lock:
-            self._recall(req=req)
             if self._superseded(req, gen):
                 return True
-            if self.state.pending_jobs(req, gen):
+            if self._pending.get((req, gen)):
                 return False
             self._emit(ev.RequestRetired(req=req, gen=gen, rank=self.rank))
             return True
 
     def _superseded(self, req: str, gen: int) -> bool:
-        newest = self.newest_gen(req)
+        newest = self._gens.get(req)
         return newest is not None and newest > gen
 
-    # -- what a connector reads (functions of the folded state) ------------------------
+    # -- what a connector reads --------------------------------------------------------
 
     def newest_gen(self, req: str) -> int | None:
         """The newest generation of ``req`` this rank has seen, or None."""
         with self._lock:
-            self._recall(req=req)
-            state = self.state.requests.get(req)
-            return None if state is None else state.gen
+            return self._gens.get(req)
 
     def saved_offset(self, req: str, gen: int) -> int:
         """Tokens this rank has saved for ``(req, gen)``: where its next job resumes.
@@ -216,113 +239,30 @@ class WorkerLedger:
         was dropped when the generation was preempted or finished.
         """
         with self._lock:
-            self._recall(req=req)
-            state = self.state.requests.get(req)
-            return state.saved_offset if state is not None and state.gen == gen else 0
+            running = self._running.get(req)
+            return running.offset if running is not None and running.gen == gen else 0
 
     def has_retry_tokens(self, req: str, gen: int) -> bool:
         """Whether this rank keeps a token suffix of ``(req, gen)`` for a KV-event retry."""
         with self._lock:
-            self._recall(req=req)
-            state = self.state.requests.get(req)
-            return state is not None and state.gen == gen and state.retry_tokens is not None
+            running = self._running.get(req)
+            return running is not None and running.gen == gen and running.retry is not None
 
     def spec(self, job: int) -> JobSpec | None:
-        """The registered spec of ``job`` (brought back if parked), or None."""
+        """The spec of ``job`` while it is registered and not reported, else None."""
         with self._lock:
-            self._recall(job)
             return self._specs.get(job)
+
+    def pending_jobs(self, req: str, gen: int) -> list[int]:
+        """Jobs of ``(req, gen)`` received here and not reported yet."""
+        with self._lock:
+            return sorted(self._pending.get((req, gen), ()))
 
     @property
     def jobs_received(self) -> int:
         """How many jobs this rank has registered so far."""
         with self._lock:
-            return len(self.state.jobs) + self._parked_jobs
-
-    # -- parking settled state (see kvstate.archive) -------------------------------------
-
-    def _recall(self, job: int | None = None, req: str | None = None) -> None:
-        """Bring back ``job`` (and its request) and ``req`` if they were parked,
-        before anything reads them; called with the lock held.
-
-        On the hot path this is two dict lookups: what is in memory is not
-        touched. A job or request is queued for the sweep when it first
-        appears and when it comes back; being named again does not requeue it
-        (settled means no longer expected: a reported job, a request with
-        nothing live here), so a request that goes quiet for a while may be
-        parked and brought back, never judged differently.
-        """
-        if job is not None:
-            spec = self._specs.get(job)
-            if spec is None:
-                spec = self._unpark_job(job)
-            if spec is not None and spec.req != req and spec.req not in self._gens:
-                self._unpark_request(spec.req)
-        if req is not None and req not in self._gens:
-            self._unpark_request(req)
-
-    def _saw_gen(self, req: str, gen: int) -> None:
-        gens = self._gens.get(req)
-        if gens is None:
-            self._gens[req] = (gen,)
-            self._arrived_requests[req] = self._records
-        elif gen not in gens:
-            self._gens[req] = (*gens, gen)
-
-    def _park_settled(self) -> None:
-        """Park what has settled and came (or came back) ``park_after`` records
-        ago or more: a job this rank has reported; a request with no job live
-        or pending here. Whatever has not settled is looked at again later."""
-        horizon = self._records - self.park_after
-        sweep(self._arrived_jobs, horizon, self._records, self._job_settled, self._park_job)
-        sweep(self._arrived_requests, horizon, self._records, self._request_settled,
-              self._park_request)  # fmt: skip
-
-    def _job_settled(self, job: int) -> bool | None:
-        rj = self.state.jobs.get(job)
-        if rj is None or job not in self._specs:
-            return None
-        return rj.reported_seq is not None
-
-    def _request_settled(self, req: str) -> bool | None:
-        if req not in self._gens:
-            return None
-        state = self.state.requests.get(req)
-        if state is not None and state.live_jobs:
-            return False
-        return not any(self.state.pending_jobs(req, gen) for gen in self._gens[req])
-
-    def _park_job(self, job: int) -> None:
-        spec = self._specs.pop(job)
-        rj = self.state.jobs.pop(job)
-        row = (spec.job, spec.req, spec.gen, spec.keys, spec.parent)
-        self.archive.put(("job", job), pack_rank_job(row, rj))
-        self._parked_jobs += 1
-
-    def _unpark_job(self, job: int) -> JobSpec | None:
-        blob = self.archive.take(("job", job))
-        if blob is None:
-            return None
-        row, rj = unpack_rank_job(blob)
-        spec = self._specs[job] = JobSpec(*row)
-        self.state.jobs[job] = rj
-        self._parked_jobs -= 1
-        self._arrived_jobs[job] = self._records
-        return spec
-
-    def _park_request(self, req: str) -> None:
-        gens = self._gens.pop(req)
-        part = self.state.take_request(req, list(gens))
-        self.archive.put(("request", req), pack_rank_request(gens, part))
-
-    def _unpark_request(self, req: str) -> None:
-        blob = self.archive.take(("request", req))
-        if blob is None:
-            return
-        gens, part = unpack_rank_request(blob)
-        self._gens[req] = gens
-        self.state.put_request(req, part)
-        self._arrived_requests[req] = self._records
+            return self._received
 
     # -- running a job -----------------------------------------------------------------
 
@@ -335,17 +275,43 @@ class WorkerLedger:
             self._completed[job] = self._completed.get(job, 0) + 1
             self._emit(ev.JobReported(job=job, rank=self.rank), quiet=quiet)
             self._after_report(job)
+            spec = self._specs.pop(job, None)
+            if spec is None:
+                return
+            key = (spec.req, spec.gen)
+            pending = self._pending.get(key)
+            if pending is not None:
+                pending.discard(job)
+                if not pending:
+                    del self._pending[key]
+            running = self._running.get(spec.req)
+            if running is not None:
+                running.live.discard(job)
+
+    def _effect_state(self, job: int) -> _Running | None:
+        """The state an effect of ``job`` changes: its request's, whatever its
+        generation (an unguarded stale effect lands on the newer one: the
+        damage the fold shows)."""
+        spec = self._specs.get(job)
+        if spec is None:
+            return None
+        running = self._running.get(spec.req)
+        if running is None:
+            newest = self._gens.get(spec.req)
+            gen = spec.gen if newest is None else max(newest, spec.gen)
+            running = self._running[spec.req] = _Running(gen, ended=True)
+        return running
 
     # -- policy: the decisions the upstream fixes changed --------------------------------
     # kvstate.harness.legacy overrides these with the old behaviours, for the bug zoo.
 
     def _live_at_start(self, job: int) -> bool:
         """The dequeue check: is the job's id among its request's live jobs?"""
-        return self.state.is_live(job)
+        return self._is_live(job)
 
     def _effect_allowed(self, job: int) -> bool:
         """Effects on request state only from a job that is live right now."""
-        return self.state.is_live(job)
+        return self._is_live(job)
 
     def _kv_event_parents(self, spec: JobSpec, stored: Sequence[str]) -> list[str | None]:
         """Each stored key's parent from the request's hash chain, whatever was deduplicated."""
@@ -446,7 +412,9 @@ class JobRun:
         with self.worker._lock:
             self.worker._emit(event)
 
-    def _effect(self, event: ev.Event) -> bool:
+    def _effect(self, event: ev.Event, offset: int | None = None, retry: object = False) -> bool:
+        """Record an effect if the job may make it, and apply it to the rank's state:
+        ``offset`` a saved offset, ``retry`` the retry state (False: unchanged)."""
         # Liveness is re-checked at the moment of the effect: a preemption
         # notice may have arrived on the other thread since the job started.
         w = self.worker
@@ -454,6 +422,12 @@ class JobRun:
             if not w._effect_allowed(self.job):
                 return False
             w._emit(event)
+            state = w._effect_state(self.job)
+            if state is not None:
+                if offset is not None:
+                    state.offset = offset
+                if retry is not False:
+                    state.retry = retry  # type: ignore[assignment]
             return True
 
     # -- the transfer ------------------------------------------------------------------
@@ -510,7 +484,8 @@ class JobRun:
     def save_offset(self, offset: int) -> bool:
         """Advance this rank's resume offset for the request; False if the job is stale."""
         return self._effect(
-            ev.OffsetSaved(job=self.job, rank=self.worker.rank, req=self._req, offset=offset)
+            ev.OffsetSaved(job=self.job, rank=self.worker.rank, req=self._req, offset=offset),
+            offset=offset,
         )
 
     def mark_skipped(self) -> bool:
@@ -524,11 +499,12 @@ class JobRun:
         return self._effect(
             ev.RetryTokensSet(
                 job=self.job, rank=self.worker.rank, req=self._req, start=start, count=count
-            )
+            ),
+            retry=(start, count),
         )
 
     def clear_retry_tokens(self) -> bool:
         """Drop the retry state; False if the job is stale."""
         return self._effect(
-            ev.RetryTokensCleared(job=self.job, rank=self.worker.rank, req=self._req)
+            ev.RetryTokensCleared(job=self.job, rank=self.worker.rank, req=self._req), retry=None
         )

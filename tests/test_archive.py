@@ -203,48 +203,39 @@ def test_step_start_finds_the_step_before_wherever_it_starts(tmp_path: Path) -> 
 @pytest.mark.parametrize("policy", ["kvstate", "legacy"])
 @pytest.mark.parametrize("faults", ["put-fail=0.1", "no-space=0.3,evict=0.2", "thread-crash@200"])
 def test_live_ledgers_that_park_decide_the_same(tmp_path: Path, policy: str, faults: str) -> None:
-    """The scheduler and worker ledgers a connector embeds park too; parking
-    after every record must not change one decision: the journals are the
-    same, record for record, and so are the run's counts."""
+    """The guards a connector embeds park the generation of every request that
+    ended; given a SpillArchive (what a connector passes as archive=) that goes
+    to disk, and not one decision changes: the journals are the same, record
+    for record, and so are the run's counts."""
     from kvstate.harness.sim.runtime import Simulation
     from kvstate.spill import SpillArchive
 
-    parked_count: list[int] = []
-    worker_parked: list[int] = []
+    parked: list[int] = []
     spills: list[SpillArchive] = []
 
-    def run(park: bool, name: str, *, spill: bool = False) -> tuple[object, list[object]]:
+    def run(name: str, *, spill: bool) -> tuple[object, list[object]]:
         config = SimConfig(requests=48, policy=policy, seed=4, faults=Faults.parse(faults))
         sim = Simulation(config, journal=str(tmp_path / name))
-        ledgers = [sim.sched_ledger.ledger, *(w.ledger for w in sim.workers)]
-        if park:
-            for ledger in ledgers:
-                ledger.park_after = 1
-                ledger.sweep_every = 1
+        guards = [sim.sched_ledger, *(w.ledger for w in sim.workers)]
+        archives = [g._gens._archive for g in guards]
         if spill:
-            # What a connector passes as archive=SpillArchive(); nothing is parked yet.
-            spills.extend(SpillArchive() for _ in ledgers)
-            for ledger, archive in zip(ledgers, spills, strict=True):
-                ledger.archive = archive
+            archives = [SpillArchive() for _ in guards]
+            spills.extend(archives)
+            for guard, archive in zip(guards, archives, strict=True):
+                guard._gens._archive = archive
         try:
             summary = sim.run()
-            parked_count.append(len(sim.sched_ledger.ledger.archive))
-            worker_parked.append(sum(len(w.ledger.archive) for w in sim.workers))
+            parked.append(sum(len(a) for a in archives))
         finally:
             sim.close()
         records = [(e.event.kind, e.event) for e in entries([str(tmp_path / name)])]
         return attrs.evolve(summary, elapsed_s=0.0, journal=None), records
 
-    kept_summary, kept = run(False, "kept.db")
-    parked_summary, parked = run(True, "parked.db")
-    spilled_summary, spilled = run(True, "spilled.db", spill=True)
-    assert parked == kept and parked_summary == kept_summary
+    kept_summary, kept = run("kept.db", spill=False)
+    spilled_summary, spilled = run("spilled.db", spill=True)
     assert spilled == kept and spilled_summary == kept_summary
     assert len(kept) > 1000
-    assert parked_count[0] == 0 and parked_count[1] > 0, parked_count  # it did park
-    assert worker_parked[0] == 0 and worker_parked[1] > 0, worker_parked
-    # ...and spilled: every ledger's parked state went to its temporary file
-    assert parked_count[2] > 0 and worker_parked[2] > 0
+    assert parked[0] > 0 and parked[1] > 0, parked  # both parked, the second on disk
     assert all(not s.in_memory for s in spills), "the spill fell back to memory"
     for s in spills:
         s.close()
@@ -304,16 +295,18 @@ def test_unreadable_temporary_storage_is_an_error_not_a_wrong_answer() -> None:
 
 @pytest.mark.parametrize("spill", [False, True])
 def test_a_long_running_worker_keeps_what_is_live(spill: bool) -> None:
-    """A worker ledger that saved thousands of jobs holds only the recent ones
-    in its fold; the rest are parked, and come back when named. Given a
-    SpillArchive, what is parked is on disk: memory holds none of it."""
+    """A worker ledger that saved thousands of jobs keeps in memory only what
+    is live: the generation of each ended request is parked, and comes back
+    when the request is named again. Given a SpillArchive, what is parked is
+    on disk: memory holds none of it. (What the audit keeps is the fold's
+    business; it is off here.)"""
     from kvstate import JobSpec, Recorder, WorkerLedger
     from kvstate.errors import DuplicateJobError
     from kvstate.spill import SpillArchive
 
-    rec = Recorder.in_memory(block_size=16, world_size=1)
+    rec = Recorder.in_memory(block_size=16, world_size=1, audit="off")
     archive = SpillArchive() if spill else Archive()
-    worker = WorkerLedger(0, rec, park_after=64, sweep_every=32, archive=archive)
+    worker = WorkerLedger(0, rec, archive=archive)
     for job in range(3000):
         req = f"r{job}"
         worker.register(JobSpec(job, req, 0, (f"k{job}",)))
@@ -323,15 +316,14 @@ def test_a_long_running_worker_keeps_what_is_live(spill: bool) -> None:
         worker.preemption_seen(req, 0)
         assert worker.retire(req, 0)
     assert worker.jobs_received == 3000
-    assert len(worker.state.jobs) < 200 and len(worker.state.requests) < 200
-    assert len(worker._specs) < 200
-    assert len(archive) > 5000
+    assert not worker._specs and not worker._running and not worker._pending
+    assert len(worker._gens) == 0 and len(archive) == 3000
     if isinstance(archive, SpillArchive):
         # nothing parked in memory but the batch not yet written
         archive._flush_puts()
         assert not archive.in_memory and not archive._top.own and not archive._puts
-    # a parked job and request come back whole when named
-    assert worker.spec(7) == JobSpec(7, "r7", 0, ("k7",))
+    # a parked request's generation comes back when named
     assert not worker.is_live(7) and worker.newest_gen("r7") == 0
+    assert worker.retire("r7", 0)  # nothing outstanding
     with pytest.raises(DuplicateJobError):
         worker.register(JobSpec(7, "r7", 0, ("k7",)))  # still a duplicate

@@ -5,8 +5,8 @@ for unusable input."""
 from __future__ import annotations
 
 import json
-import shutil
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys

@@ -40,7 +40,7 @@ def test_quickstart_runs_and_prints_what_it_claims() -> None:
     # An engine that runs for weeks: settled state parked in a SpillArchive.
     proc = subprocess.run([sys.executable, "-c", long_running], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["1952 4095", "req-3 req-3"]
+    assert proc.stdout.splitlines() == ["0 4000 4000", "0 0"]
 
 
 def console_blocks(page: Path) -> list[list[tuple[str, list[str]]]]:

@@ -26,6 +26,13 @@ def make(world_size: int = 2, *, strict: bool = True):
     return rec, sched, workers
 
 
+def fold(sched: SchedulerLedger) -> Ledger:
+    """The audit's fold of the scheduler's recorder (the guards keep no blocks)."""
+    ledger = sched.recorder.auditor.state()
+    assert isinstance(ledger, Ledger)
+    return ledger
+
+
 def replayed(rec: Recorder) -> tuple[Ledger, list]:
     ledger = Ledger()
     return ledger, ledger.fold(rec.entries or [])
@@ -58,7 +65,7 @@ def test_running_request_appends_and_resumed_request_replaces() -> None:
     gen = sched.resume("r")
     sched.assign_blocks("r", [5, 6, 7], resumed=True)
     assert gen == 1 and sched.table("r") == [5, 6, 7]
-    assert sched.ledger.requests["r"].incarnations[0].state == "preempted"
+    assert fold(sched).requests["r"].incarnations[0].state == "preempted"
 
 
 def test_job_pins_the_whole_table_copy_on_write_first_and_releases_tail_first() -> None:
@@ -69,7 +76,7 @@ def test_job_pins_the_whole_table_copy_on_write_first_and_releases_tail_first() 
     state = sched.job(job)
     assert state.pins == (9, 0, 1, 2)
     assert state.reads == (9, 0, 1)  # blocks covering [0, 8) plus the CoW block
-    assert [sched.ledger.blocks[b].refs for b in (0, 1, 2, 9)] == [2, 2, 2, 1]
+    assert [fold(sched).blocks[b].refs for b in (0, 1, 2, 9)] == [2, 2, 2, 1]
     register(workers, sched, job)
     run_ok(workers[0], job, 8)
     sched.update_connector_output(workers[0].take_completed())
@@ -79,7 +86,7 @@ def test_job_pins_the_whole_table_copy_on_write_first_and_releases_tail_first() 
     sched.update_connector_output(workers[1].take_completed())
     assert sched.release_ready() == [(job, (2, 1, 0, 9))]
     assert not sched.has_pending_push_work()
-    assert [sched.ledger.blocks[b].refs for b in (0, 1, 2, 9)] == [1, 1, 1, 0]
+    assert [fold(sched).blocks[b].refs for b in (0, 1, 2, 9)] == [1, 1, 1, 0]
 
 
 def test_preemption_does_not_release_the_blocks_of_an_in_flight_job() -> None:
@@ -89,10 +96,10 @@ def test_preemption_does_not_release_the_blocks_of_an_in_flight_job() -> None:
     job = sched.enqueue_store_job("r", 0, 8, ["k0", "k1"])
     register(workers, sched, job)
     sched.preempt("r")
-    assert [sched.ledger.blocks[b].refs for b in (0, 1)] == [1, 1]
+    assert [fold(sched).blocks[b].refs for b in (0, 1)] == [1, 1]
     # another request takes blocks: free ones only, never the pinned 0 and 1
     free = [
-        b for b in range(4) if sched.ledger.blocks.get(b) is None or not sched.ledger.blocks[b].refs
+        b for b in range(4) if fold(sched).blocks.get(b) is None or not fold(sched).blocks[b].refs
     ]
     assert free == [2, 3]
     for w in workers:
@@ -132,7 +139,7 @@ def test_stale_job_cannot_touch_a_reused_request_id() -> None:
         assert not run.save_offset(8)
         assert not run.mark_skipped()
         assert not run.set_retry_tokens(0, 8)
-    state = w.state.requests["r"]
+    state = w.recorder.auditor.rank_ledger(w.rank).requests["r"]
     assert (state.gen, state.saved_offset, state.skipped, state.retry_tokens) == (1, 0, False, None)
     assert state.live_jobs == {new}
     kinds = [e.event.kind for e in rec.entries if e.event.side == "worker"][-2:]
@@ -268,5 +275,41 @@ def test_journal_database_written_by_the_ledgers_replays_clean(tmp_path: Path) -
     result = replay([str(path)])
     assert result.verdict == "clean"
     assert rec.entries is not None and result.events == len(rec.entries)
-    assert result.ledger.requests.keys() == sched.ledger.requests.keys()
-    assert result.ledger.blocks == sched.ledger.blocks
+    assert result.ledger.requests.keys() == fold(sched).requests.keys()
+    assert result.ledger.blocks == fold(sched).blocks
+
+
+@pytest.mark.parametrize("where", ["memory", "thread", "process"])
+def test_a_commit_audit_raises_at_a_later_call_within_one_commit(
+    tmp_path: Path, where: str
+) -> None:
+    """With ``audit="commit"`` the caller pays for its guards only; the fold
+    runs on each committed batch (on the committing thread, the writer thread,
+    or the writer process) and a strict ledger raises its finding at its next
+    call, with the record already journaled."""
+    if where == "memory":
+        rec = Recorder.in_memory(block_size=4, world_size=1, audit="commit")
+    else:
+        rec = Recorder.open(
+            tmp_path / "j.db", block_size=4, world_size=1, audit="commit",
+            process=where == "process",
+        )  # fmt: skip
+    sched = SchedulerLedger(rec)
+    sched.admit("r", 8)
+    sched.assign_blocks("r", [0], resumed=False)
+    sched.enqueue_store_job("r", 0, 8, ["k0", "k1"])  # overruns the table: not raised yet
+    assert sched.violations == []
+    sched.begin_step()  # the commit: the audit folds the batch
+    if where == "process":
+        # The writer process answers as soon as the batch is durable and folds
+        # it after: its findings come back with the next commit's answer.
+        sched.begin_step()
+    with pytest.raises(TableOverrunError):
+        sched.admit("s", 4)
+    assert [v.code.value for v in sched.violations] == ["TABLE_OVERRUN"]
+    sched.admit("t", 4)  # reported once: the next call goes on
+    rec.close()
+    if where != "memory":
+        found = replay([str(tmp_path / "j.db")]).violations
+        assert [v.code.value for v in found] == ["TABLE_OVERRUN"]
+        assert found[0] == sched.violations[0]

@@ -120,8 +120,7 @@ def test_stale_job_cannot_touch_a_reused_request_id() -> None:
     offsets = kinds(sim, "offset_saved")
     assert offsets and all(o.job != 0 for o in offsets)
     for worker in sim.workers:
-        state = worker.ledger.state.requests["a"]
-        assert state.gen == 1 and state.saved_offset == 8
+        assert worker.ledger.newest_gen("a") == 1 and worker.ledger.saved_offset("a", 1) == 8
     assert replay_violations(sim) == []
 
 

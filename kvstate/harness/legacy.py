@@ -116,10 +116,9 @@ class LegacySchedulerLedger(SchedulerLedger):
 
     def finished_sending(self, req: str) -> None:
         """The worker reported ``req`` done: the delayed free finally happens."""
-        incarnations = self._request(req, "finished_sending").incarnations
-        for gen, inc in sorted(incarnations.items()):
-            if inc.held:
-                self.release_held(req, gen)
+        self.current_gen(req, "finished_sending")
+        for gen in self.held_generations(req):
+            self.release_held(req, gen)
 
     # -- the old decisions ---------------------------------------------------------------
 
@@ -146,10 +145,7 @@ class LegacySchedulerLedger(SchedulerLedger):
             return super()._finish_hold(req, hold)
         # delay_free_blocks: only the normal finish path keeps blocks while
         # saves are outstanding; preemption has no such hook.
-        outstanding = any(
-            job.req == req and job.completions < job.world_size for job in self.ledger.jobs.values()
-        )
-        return hold or outstanding
+        return hold or self.outstanding(req)
 
 
 class LegacyWorkerLedger(WorkerLedger):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import attrs
 
 from kvstate import events as ev
+from kvstate.ledger import Ledger
 from kvstate.recorder import Recorder
 from kvstate.worker import JobSpec, WorkerLedger
 
@@ -51,9 +52,16 @@ class Stage:
 
     # -- the block pool ------------------------------------------------------------
 
+    def _fold(self) -> Ledger:
+        """The audit's fold of this stage's records: the block pool as the journal has it."""
+        ledger = self.sched.recorder.auditor.state()
+        if not isinstance(ledger, Ledger):
+            raise TypeError("the zoo's recorder must carry the scheduler (an inline audit)")
+        return ledger
+
     def free_blocks(self) -> list[int]:
         """Free blocks in reuse order: never used first, then least recently freed."""
-        blocks = self.sched.ledger.blocks
+        blocks = self._fold().blocks
 
         def reuse_order(block: int) -> tuple[int, int]:
             state = blocks.get(block)
@@ -202,7 +210,7 @@ class Stage:
 
     def drain(self) -> None:
         """Finish running requests, let every job and completion settle."""
-        for req, request in sorted(self.sched.ledger.requests.items()):
+        for req, request in sorted(self._fold().requests.items()):
             if request.current.state == "running":
                 self.finish(req)
         for _ in range(8):

@@ -1,0 +1,183 @@
+"""The auditor: the one fold, run on what a recorder records.
+
+The live ledgers (:mod:`kvstate.scheduler`, :mod:`kvstate.worker`) are
+guards: they keep only what the connector's decisions need. Every invariant
+is checked by the fold (:class:`~kvstate.ledger.Ledger` and
+:class:`~kvstate.rank.RankLedger`), and an :class:`Auditor` runs that fold
+on the records of one recorder:
+
+* ``inline``: each record is folded as it is recorded, on the caller's
+  thread, so a strict ledger raises at the call that breached an invariant
+  (tests, tools, the simulator; this costs the caller the fold);
+* ``commit``: the records are folded where the journal is written, after
+  each commit (the writer thread, or the writer process): the caller pays
+  only for its guards and the hand-over, and the findings reach the ledgers
+  within one commit, a strict ledger raising them at its next call;
+* ``off``: nothing is folded live; ``kvstate replay`` judges the journal.
+
+What the fold is depends on what the recorder carries, known once the
+ledgers are attached: a scheduler and its ranks together are judged as
+replay judges a whole journal; a scheduler alone cannot count the ranks'
+reports (``observes_workers=False``); ranks alone learn what a job is from
+the specs they registered, and flag records of a job they never registered
+as ``UNLEDGERED_JOB``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from . import events as ev
+from .archive import Archive
+from .codec import Entry
+from .ledger import Ledger
+from .rank import JobInfo, RankLedger
+from .violations import Violation
+
+AUDIT_MODES = ("inline", "commit", "off")
+
+
+class Auditor:
+    """Folds one recorder's records and keeps every finding in :attr:`violations`."""
+
+    def __init__(self, mode: str = "inline") -> None:
+        if mode not in AUDIT_MODES:
+            raise ValueError(f"audit must be one of {', '.join(AUDIT_MODES)}, not {mode!r}")
+        self.mode = mode
+        #: every finding so far, in seq order
+        self.violations: list[Violation] = []
+        #: findings of a ``commit`` audit not yet taken by a ledger (see
+        #: :meth:`take_new`); the writer thread adds, the ledgers take
+        self._new: list[Violation] = []
+        self._new_lock = threading.Lock()
+        self._header: Entry | None = None
+        self._scheduler = False
+        self._archive: Archive | None = None
+        #: whether ranks record here, and the specs each registers
+        self._workers = False
+        self._specs: dict[int, Mapping[int, JobInfo]] = {}
+        #: the whole-journal or scheduler fold (None for ranks alone, or before the first record)
+        self.ledger: Ledger | None = None
+        #: the rank folds when no scheduler records to this recorder
+        self.ranks: dict[int, RankLedger] = {}
+        self._built = False
+
+    # -- what the recorder carries -------------------------------------------------
+
+    def attach_scheduler(self, archive: Archive | None = None) -> None:
+        """A scheduler records here; ``archive`` is where its fold parks settled state."""
+        self._scheduler = True
+        self._archive = archive
+
+    def attach_rank(self, rank: int, specs: Mapping[int, JobInfo]) -> None:
+        """Rank ``rank`` records here and registers its jobs' specs in ``specs``."""
+        self._workers = True
+        self._specs[rank] = specs
+
+    # -- folding ------------------------------------------------------------------
+
+    def header(self, entry: Entry) -> None:
+        """The journal's first record."""
+        self._header = entry
+
+    def _build(self) -> None:
+        self._built = True
+        if self._scheduler:
+            self.ledger = Ledger(observes_workers=self._workers, archive=self._archive)
+        else:
+            self.ledger = None
+            self.ranks = {
+                rank: RankLedger(rank, specs, knows_all_jobs=False)
+                for rank, specs in self._specs.items()
+            }
+        if self._header is not None and self.ledger is not None:
+            h = self._header
+            self.ledger.apply(h.seq, h.step, h.event)
+
+    def apply(self, seq: int, step: int, event: ev.Event) -> list[Violation]:
+        """Fold one record; returns its findings (also kept in :attr:`violations`).
+
+        A record the fold refuses as a journal (a second header describing
+        another engine) raises :class:`journal.RecordError`, as replay would.
+        """
+        if not self._built:
+            self._build()
+        if self.ledger is not None:
+            found = self.ledger.apply(seq, step, event)
+        else:
+            found = []
+            rank = ev.rank_of(event)
+            ledger = self.ranks.get(rank) if rank is not None else None
+            if ledger is not None:
+                ledger.apply(seq, event, found)
+        if found:
+            self.violations.extend(found)
+            if self.mode != "inline":  # inline, the caller acts on them now
+                with self._new_lock:
+                    self._new.extend(found)
+        return found
+
+    def apply_entries(self, entries: list[Entry]) -> None:
+        """Fold a committed batch (the ``commit`` mode's writer side)."""
+        apply = self.apply
+        for seq, step, _ts, event in entries:
+            apply(seq, step, event)
+
+    @property
+    def pending(self) -> bool:
+        """Whether a ``commit`` audit found something no ledger has taken yet."""
+        return bool(self._new)
+
+    def take_new(self) -> list[Violation]:
+        """Findings since the last call (what a strict ledger raises at its next call)."""
+        with self._new_lock:
+            new, self._new = self._new, []
+        return new
+
+    def add_found(self, found: list[Violation]) -> None:
+        """Findings folded elsewhere (the writer process) for this recorder's records."""
+        if found:
+            self.violations.extend(found)
+            with self._new_lock:
+                self._new.extend(found)
+
+    @property
+    def wants_specs(self) -> bool:
+        """Whether the ranks' job specs are needed: ranks alone record here."""
+        return not self._scheduler and self.mode != "off"
+
+    def remote_config(self) -> str | None:
+        """What a writer process must fold for this recorder: ``scheduler`` or
+        ``scheduler+workers``; None when it cannot (ranks alone: the specs
+        they register are not in the journal) or the audit is not ``commit``."""
+        if self.mode != "commit" or not self._scheduler:
+            return None
+        return "scheduler+workers" if self._workers else "scheduler"
+
+    @classmethod
+    def remote(cls, config: str, archive: Archive | None) -> Auditor:
+        """The auditor a writer process runs for :meth:`remote_config`'s ``config``."""
+        auditor = cls("commit")
+        auditor.attach_scheduler(archive)
+        auditor._workers = config == "scheduler+workers"
+        return auditor
+
+    def end(self) -> list[Violation]:
+        """The end-of-journal check of the fold (``UNFINISHED``), for a summary."""
+        return self.ledger.end() if self.ledger is not None else []
+
+    def rank_ledger(self, rank: int) -> RankLedger:
+        """The fold's state of one rank (for tools and tests; the guards do not read it)."""
+        if not self._built:
+            self._build()
+        if self.ledger is not None:
+            return self.ledger.rank(rank)
+        return self.ranks[rank]
+
+    def state(self) -> Any:
+        """The fold itself: the :class:`Ledger`, or the rank ledgers by rank."""
+        if not self._built:
+            self._build()
+        return self.ledger if self.ledger is not None else self.ranks
