@@ -96,11 +96,11 @@ def count(recorder: Recorder) -> int:
 
 
 def live_bytes_per_job(jobs: int, archive: Callable[[], Archive] = Archive) -> float:
-    """Bytes the live ledgers (a scheduler and its ranks, no journal) still hold
-    per finished job: the heap after ``jobs`` lifecycles less the heap after
-    half of them, over the jobs in between. Bounded by live state is 0.
-    ``archive``: where the ledgers park (SpillArchive: on disk, not counted)."""
-    rec = Recorder(JournalOpened(version=1, block_size=BLOCK, world_size=WORLD))
+    """Bytes the guards (a scheduler and its ranks, no journal, no audit) still
+    hold per finished job: the heap after ``jobs`` lifecycles less the heap
+    after half of them, over the jobs in between. Bounded by live state is 0.
+    ``archive``: where they park ended requests (SpillArchive: on disk, not counted)."""
+    rec = Recorder(JournalOpened(version=1, block_size=BLOCK, world_size=WORLD), audit="off")
     marks: list[int] = []
 
     def mark() -> None:
@@ -135,25 +135,65 @@ def single_transitions(n: int) -> dict[str, float]:
     return out
 
 
-def engine_cpu(jobs: int, *, process: bool) -> tuple[float, float, int]:
-    """CPU per recorded event of whole lifecycles with a journal: in the engine's
-    process (every thread, the writer thread included) and in the writer
-    process (0 without one), and the event count. ``process_time`` of this
-    process; the writer process's from ``RUSAGE_CHILDREN`` once it has exited."""
+def engine_cpu(
+    jobs: int, *, process: bool, audit: str, journal: bool = True
+) -> tuple[float, float, int]:
+    """CPU per recorded event of whole lifecycles: in the engine's process (every
+    thread, a writer thread included) and in the writer process (0 without
+    one), and the event count. ``process_time`` of this process; the writer
+    process's from ``RUSAGE_CHILDREN`` once it has exited (its start-up, an
+    interpreter and its imports, included). Without ``journal`` the records
+    stay in memory (the ledgers' decisions and the recorder alone)."""
     import resource
 
+    if not journal:
+        rec = Recorder(JournalOpened(version=1, block_size=BLOCK, world_size=WORLD), audit=audit)
+        t0 = time.process_time_ns()
+        lifecycle(rec, jobs)
+        rec.commit()
+        return (time.process_time_ns() - t0) / count(rec), 0.0, count(rec)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "bench.db")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        rec = Recorder.open(path, block_size=BLOCK, world_size=WORLD, process=process)
+        rec = Recorder.open(path, block_size=BLOCK, world_size=WORLD, process=process, audit=audit)
         t0 = time.process_time_ns()
         lifecycle(rec, jobs)
         rec.close()
         engine_ns = time.process_time_ns() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         events = count(rec)
+        if rec.violations:
+            raise RuntimeError(
+                f"the benchmark's lifecycles broke an invariant: {rec.violations[0]}"
+            )
     child_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return engine_ns / events, child_s * 1e9 / events, events
+
+
+def job_cpu(table: int, jobs: int) -> float:
+    """Engine-process CPU (ns) of one job's enqueue, completion and release, the
+    job pinning a ``table``-block table and saving one block (as a decode save
+    does), with the journal written and audited by a writer process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = Recorder.open(
+            os.path.join(tmp, "j.db"), block_size=BLOCK, world_size=1, process=True,
+            audit="commit",
+        )  # fmt: skip
+        sched = SchedulerLedger(rec, strict=False)
+        sched.admit("r", table * BLOCK)
+        sched.assign_blocks("r", range(table), resumed=False)
+        keys = [(f"k{i}",) for i in range(jobs)]
+        start, end = (table - 1) * BLOCK, table * BLOCK
+        t0 = time.process_time_ns()
+        for i in range(jobs):
+            job = sched.enqueue_store_job("r", start, end, keys[i])
+            sched.update_connector_output({job: 1})
+            sched.release_pins(job)
+            if i % 32 == 31:
+                sched.begin_step()  # a step's commit
+        took = time.process_time_ns() - t0
+        rec.close()
+    return took / jobs
 
 
 def main() -> None:
@@ -161,13 +201,18 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     args = parser.parse_args()
 
-    for process in (False, True):
-        engine, writer, n = engine_cpu(args.jobs // 4, process=process)
-        where = "writer process" if process else "writer thread "
+    for label, kwargs in (
+        ("in memory, no audit      ", {"process": False, "audit": "off", "journal": False}),
+        ("writer thread, audit inline", {"process": False, "audit": "inline"}),
+        ("writer process, audit there", {"process": True, "audit": "commit"}),
+    ):
+        engine, writer, n = engine_cpu(args.jobs // 4, **kwargs)  # type: ignore[arg-type]
         print(
-            f"{where}: engine-process CPU {engine:6.0f} ns/event, "
+            f"{label}: engine-process CPU {engine:6.0f} ns/event, "
             f"writer process {writer:6.0f} ns/event ({n} events)"
         )
+    small, large = job_cpu(4, 2000), job_cpu(512, 2000)
+    print(f"a job at 4 / 512 blocks: {small:6.0f} / {large:6.0f} ns ({large / small:.2f}x)")
     singles = single_transitions(50_000)
     rec = Recorder(JournalOpened(version=1, block_size=BLOCK, world_size=WORLD))
     t0 = time.perf_counter_ns()

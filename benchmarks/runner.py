@@ -29,7 +29,14 @@ from typing import Any
 import attrs
 import msgpack
 
-from benchmarks.bench_hot_path import BLOCK, WORLD, lifecycle, live_bytes_per_job
+from benchmarks.bench_hot_path import (
+    BLOCK,
+    WORLD,
+    engine_cpu,
+    job_cpu,
+    lifecycle,
+    live_bytes_per_job,
+)
 from benchmarks.bench_inspector import KEYS
 from journal import Journal, atomic_output
 from kvstate import Recorder, SchedulerLedger, SpillArchive
@@ -146,27 +153,41 @@ def legacy_journal(path: str, requests: int) -> int:
 
 
 def caller_rows(jobs: int) -> list[Row]:
-    rec = Recorder(JournalOpened(version=1, block_size=BLOCK, world_size=WORLD))
-    memory_s, events = _timed(lambda: lifecycle(rec, jobs))
-    rec = Recorder(JournalOpened(version=1, block_size=BLOCK, world_size=WORLD))
-    spilled_s, _ = _timed(lambda: lifecycle(rec, jobs, archive=SpillArchive))
-    with tempfile.TemporaryDirectory() as tmp:
-        rec = Recorder.open(os.path.join(tmp, "j.db"), block_size=BLOCK, world_size=WORLD)
-        journal_s, _ = _timed(lambda: lifecycle(rec, jobs))
-        rec.close()
-    per_memory = memory_s / events * 1e9
-    per_journal = journal_s / events * 1e9
+    """What a recorded transition costs the engine's process, and the writer's.
+
+    CPU time (``process_time``), whole lifecycles through the ledgers
+    (``bench_hot_path.lifecycle``: the driver's own Python is counted too).
+    """
+    memory, _, _ = engine_cpu(jobs, process=False, audit="off", journal=False)
+    engine, writer, events = engine_cpu(jobs, process=True, audit="commit")
+    thread, _, _ = engine_cpu(jobs // 4, process=False, audit="inline")
+    small, large = job_cpu(4, max(jobs // 10, 200)), job_cpu(512, max(jobs // 10, 200))
     return [
-        _row("caller cost per recorded event, in memory", per_memory, "ns", 1000),
         _row(
-            "the same, settled state parked on disk (SpillArchive)",
-            spilled_s / events * 1e9,
+            "engine-process CPU per recorded transition, journal on",
+            engine,
             "ns",
             1000,
-            note="memory flat however many jobs (see below)",
+            note=f"writer process, audit there ({events} events); the writer thread with "
+            f"an inline audit (the default): {thread:,.0f} ns",
         ),
-        _row("caller cost per recorded event, journal on", per_journal, "ns", 2000),
-        _row("journal on / in memory, same run", per_journal / per_memory, "x", 1.2),
+        _row("the same, in memory (guards only, no audit)", memory, "ns", 800),
+        _row(
+            "total CPU per transition, engine process plus writer process",
+            engine + writer,
+            "ns",
+            4000,
+            note=f"writer process {writer:,.0f} ns: decode, chain, SQLite, the fold; its "
+            "start-up included",
+        ),
+        _row(
+            "CPU per job, 512-block table / 4-block table",
+            large / small,
+            "x",
+            1.2,
+            note=f"enqueue + completion + release: {small / 1000:.1f} us at 4 blocks, "
+            f"{large / 1000:.1f} us at 512 (the records carry every pin)",
+        ),
     ]
 
 
@@ -212,29 +233,47 @@ def writer_row(jobs: int) -> Row:
     )
 
 
-def step_overhead(running: int, steps: int = 6) -> float:
-    """Microseconds the scheduler ledger (journal on) adds to one engine step with
-    ``running`` requests, each appending a block and enqueueing a save."""
+#: how often a running request saves, in engine steps: every step (the worst
+#: case: a block filled every step), once per block of decode (vLLM's store
+#: connector saves a decode request when a block fills), and a prefill mix
+#: (a quarter of the requests save each step)
+STEP_MIXES = {"worst": 1, "decode": BLOCK, "prefill": 4}
+
+
+def step_overhead(running: int, every: int = 1, steps: int = 32) -> float:
+    """Engine-process CPU (us) the scheduler ledger adds per running request per
+    engine step (journal and audit in a writer process): each request gets a
+    block and enqueues a save once every ``every`` steps; the jobs complete
+    and release the next step."""
     with tempfile.TemporaryDirectory() as tmp:
-        rec = Recorder.open(os.path.join(tmp, "s.db"), block_size=BLOCK, world_size=1)
+        rec = Recorder.open(
+            os.path.join(tmp, "s.db"), block_size=BLOCK, world_size=1, process=True,
+            audit="commit",
+        )  # fmt: skip
         sched = SchedulerLedger(rec, strict=False)
         reqs = [f"r{i}" for i in range(running)]
         for i, req in enumerate(reqs):
             sched.admit(req, BLOCK)
             sched.assign_blocks(req, [i], resumed=False)
+        sched.begin_step()
         block = running
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for step in range(steps):
             sched.begin_step()
+            done: dict[int, int] = {}
             for i, req in enumerate(reqs):
+                if (i + step) % every:
+                    continue
                 sched.assign_blocks(req, [block], resumed=False)
                 block += 1
                 start = (step + 1) * BLOCK
-                sched.enqueue_store_job(req, start, start + BLOCK, [f"k{i}:{step}"])
+                done[sched.enqueue_store_job(req, start, start + BLOCK, [f"k{i}:{step}"])] = 1
+            sched.update_connector_output(done)
+            sched.release_ready()
         sched.begin_step()  # commits the last step
-        took = time.perf_counter() - t0
+        took = time.process_time() - t0
         rec.close()
-    return took / steps * 1e6
+    return took / steps / running * 1e6
 
 
 # -- replay and the offline tools -------------------------------------------------------
@@ -356,7 +395,7 @@ NOT_MEASURED = [
 
 _STEP = (
     "from benchmarks.runner import step_overhead\n"
-    "out = {'us_per_step': step_overhead(int(sys.argv[1]))}"
+    "out = {'us': step_overhead(int(sys.argv[1]), int(sys.argv[2]))}"
 )
 _DEMO = "from benchmarks.bench_demo import measure\nout = measure(int(sys.argv[1]), sys.argv[2])"
 
@@ -388,8 +427,24 @@ def run(quick: bool) -> dict[str, Any]:
     # Each in a process of its own: in this one, the heap the rows above
     # left behind made the collector's passes, and so each step, slower.
     steps = [
-        {"running": n, "us_per_step": _child(_STEP, str(n))["us_per_step"]} for n in sizes.running
+        {"running": n, "mix": mix, "us_per_request": _child(_STEP, str(n), str(every))["us"]}
+        for n in sizes.running
+        for mix, every in STEP_MIXES.items()
     ]
+    decode = [p["us_per_request"] for p in steps if p["mix"] == "decode"]
+    rows.append(
+        _row(
+            "step overhead per running request, decode mix (one save per block)",
+            max(decode),
+            "us",
+            0.5,
+            note="the slowest of "
+            + ", ".join(f"{p['running']} running" for p in steps if p["mix"] == "decode")
+            + "; worst case (a save every step): "
+            + ", ".join(f"{p['us_per_request']:.1f}" for p in steps if p["mix"] == "worst")
+            + " us",
+        )
+    )
     with tempfile.TemporaryDirectory() as tmp:
         points, longest = replay_points(sizes.replay_records, tmp)
         ceiling = ceilings(longest)
@@ -432,15 +487,14 @@ def markdown(report: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "| running requests | µs per step (journal on) | µs per request |",
+        "| running requests | mix | engine-process CPU per request per step (µs) |",
         "|---|---|---|",
     ]
     for s in report["step_overhead"]:
-        per = s["us_per_step"] / s["running"]
-        lines.append(f"| {s['running']:,} | {s['us_per_step']:,.0f} | {per:.1f} |")
+        lines.append(f"| {s['running']:,} | {s['mix']} | {s['us_per_request']:.2f} |")
     lines += [
         "",
-        f"Live ledgers (a scheduler and {WORLD} ranks, no journal) keep "
+        f"The guards (a scheduler and {WORLD} ranks, no journal, no audit) keep "
         f"{report['live_bytes_per_job']:,.0f} bytes per finished job in memory, "
         f"{report['live_bytes_per_job_spilled']:,.0f} when they park into a SpillArchive "
         f"(tracemalloc, heap after {report['live_jobs']:,} lifecycles less the heap after "
@@ -477,8 +531,19 @@ def plots(report: dict[str, Any], out: Path, *, force: bool) -> list[Path]:
     fig.tight_layout()
     steps = report["step_overhead"]
     fig2, ax = plt.subplots(figsize=(5, 4))
-    ax.loglog([s["running"] for s in steps], [s["us_per_step"] for s in steps], "o-")
-    ax.set(xlabel="running requests", ylabel="µs per step", title="ledger cost per engine step")
+    for mix in dict.fromkeys(s["mix"] for s in steps):
+        mine = [s for s in steps if s["mix"] == mix]
+        ax.semilogx(
+            [s["running"] for s in mine], [s["us_per_request"] for s in mine], "o-", label=mix
+        )
+    ax.axhline(0.5, color="red", linestyle="--", label="target (decode)")
+    ax.set(
+        xlabel="running requests",
+        ylabel="µs per request per step",
+        title="ledger cost per engine step (CPU)",
+    )
+    ax.set_ylim(bottom=0)
+    ax.legend()
     fig2.tight_layout()
     written = []
     for name, figure in (("replay.png", fig), ("step.png", fig2)):

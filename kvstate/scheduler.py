@@ -75,7 +75,11 @@ class SchedulerLedger:
     ) -> None:
         self.recorder = recorder
         self.strict = strict
-        recorder.auditor.attach_scheduler(archive if recorder._inline else None)
+        if recorder.auditor.mode == "inline":
+            # the fold runs here: it parks settled jobs and requests as replay does
+            recorder.auditor.attach_scheduler(archive if archive is not None else Archive())
+        else:
+            recorder.auditor.attach_scheduler(None)
         header = recorder.header.event
         if not isinstance(header, ev.JournalOpened):
             raise TypeError(f"a recorder's first record is journal_opened, not {header.kind}")

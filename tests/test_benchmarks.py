@@ -34,13 +34,15 @@ def test_quick_run_measures_every_row_against_its_target(tmp_path: Path) -> None
     assert all(p["violations"] == 0 and p["records"] > 0 for p in report["replay_points"])
     table = (tmp_path / "bench.md").read_text()
     assert all(name in table for name in rows)
-    assert "| caller cost per recorded event, in memory |" in done.stdout
+    assert "| engine-process CPU per recorded transition, journal on |" in done.stdout
     # Memory is the measured process's own (not the runner's): tiny journals, small peaks.
     assert all(0 < p["peak_mb"] < 200 for p in report["replay_points"])
     # The plots: replay time and memory against length, step cost against batch size.
     for name in ("replay.png", "step.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert [s["running"] for s in report["step_overhead"]] == [64, 256]
+    mixes = [(s["running"], s["mix"]) for s in report["step_overhead"]]
+    assert mixes == [(n, m) for n in (64, 256) for m in ("worst", "decode", "prefill")]
+    assert all(s["us_per_request"] > 0 for s in report["step_overhead"])
     # What the live ledgers keep per finished job: some bytes, far below a
     # whole job's state (a few KB) since the ledgers park what settled.
     assert 0 < report["live_bytes_per_job"] < 20_000
