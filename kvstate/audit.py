@@ -50,8 +50,8 @@ class Auditor:
         self.violations: list[Violation] = []
         #: findings of a ``commit`` audit not yet taken by a ledger (see
         #: :meth:`take_new`); the writer thread adds, the ledgers take
-        self._new: list[Violation] = []
-        self._new_lock = threading.Lock()
+        self.untaken: list[Violation] = []
+        self._untaken_lock = threading.Lock()
         self._header: Entry | None = None
         self._scheduler = False
         self._archive: Archive | None = None
@@ -115,8 +115,8 @@ class Auditor:
         if found:
             self.violations.extend(found)
             if self.mode != "inline":  # inline, the caller acts on them now
-                with self._new_lock:
-                    self._new.extend(found)
+                with self._untaken_lock:
+                    self.untaken.extend(found)
         return found
 
     def apply_entries(self, entries: list[Entry]) -> None:
@@ -125,23 +125,18 @@ class Auditor:
         for seq, step, _ts, event in entries:
             apply(seq, step, event)
 
-    @property
-    def pending(self) -> bool:
-        """Whether a ``commit`` audit found something no ledger has taken yet."""
-        return bool(self._new)
-
     def take_new(self) -> list[Violation]:
         """Findings since the last call (what a strict ledger raises at its next call)."""
-        with self._new_lock:
-            new, self._new = self._new, []
+        with self._untaken_lock:
+            new, self.untaken = self.untaken, []
         return new
 
     def add_found(self, found: list[Violation]) -> None:
         """Findings folded elsewhere (the writer process) for this recorder's records."""
         if found:
             self.violations.extend(found)
-            with self._new_lock:
-                self._new.extend(found)
+            with self._untaken_lock:
+                self.untaken.extend(found)
 
     @property
     def wants_specs(self) -> bool:

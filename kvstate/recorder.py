@@ -186,6 +186,22 @@ class Recorder:
                 sink(entry)
         return entry
 
+    def emit(self, event: _Event, step: int) -> list[Violation]:
+        """:meth:`record` then :meth:`check`, in one call: what a ledger does
+        for every transition."""
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq = seq + 1
+            entry: Entry = _tuple_new(Entry, (seq, step, self._clock(), event))
+            for sink in self._sinks:
+                sink(entry)
+        auditor = self.auditor
+        if self._inline:
+            return auditor.apply(seq, step, event)
+        if auditor.untaken:
+            return auditor.take_new()
+        return _NONE
+
     def check(self, entry: Entry) -> list[Violation]:
         """The findings a ledger should act on after recording ``entry``.
 
@@ -195,7 +211,7 @@ class Recorder:
         auditor = self.auditor
         if self._inline:
             return auditor.apply(entry.seq, entry.step, entry.event)
-        if auditor.pending:
+        if auditor.untaken:
             return auditor.take_new()
         return _NONE
 

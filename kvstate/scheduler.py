@@ -104,16 +104,13 @@ class SchedulerLedger:
 
     # -- recording -----------------------------------------------------------------
 
-    def _emit(self, event: ev.Event) -> int:
-        recorder = self.recorder
-        entry = recorder.record(event, self.step)
-        found = recorder.check(entry)
+    def _emit(self, event: ev.Event) -> None:
+        found = self.recorder.emit(event, self.step)
         if found and self.strict and any(not v.is_warning for v in found):
             # The breaching record is on disk before the exception can
             # take the process down.
-            recorder.flush_before_raising()
+            self.recorder.flush_before_raising()
             raise_for(found)
-        return entry.seq
 
     def _fail(self, error: Exception) -> NoReturn:
         """Raise a usage error, with everything recorded so far on disk."""
@@ -287,7 +284,7 @@ class SchedulerLedger:
         table = self._job_table(req)
         if reads is None:
             covered = -(-token_end // self.block_size)
-            reads = (*cow_blocks, *table[:covered])
+            reads = (*cow_blocks, *table[:covered]) if cow_blocks else table[:covered]
         if job is None:
             job = self._next_job
         self._next_job = max(self._next_job, job + 1)
@@ -345,7 +342,7 @@ class SchedulerLedger:
         """
         jobs = self._jobs
         return [
-            (job, tuple(reversed(jobs[job].pins)))
+            (job, jobs[job].pins[::-1])
             for job in self._pinned
             if jobs[job].completions >= jobs[job].world_size
         ]
@@ -353,7 +350,7 @@ class SchedulerLedger:
     def release_pins(self, job: int) -> tuple[int, ...]:
         """Release one job's pins (tail first); returns the blocks to free, in order."""
         state = self.job(job)
-        blocks = tuple(reversed(state.pins))
+        blocks = state.pins[::-1]
         self._emit(ev.PinsReleased(job=job, blocks=blocks))
         state.released = True
         self._pinned.pop(job, None)
@@ -395,7 +392,8 @@ class SchedulerLedger:
 
     def _job_pins(self, cow_blocks: Sequence[int], table: Sequence[int]) -> tuple[int, ...]:
         """Every block the job may read, copy-on-write tail blocks first."""
-        return (*cow_blocks, *table)
+        # tuple() of a list copies it in one C call; unpacking both walks them
+        return (*cow_blocks, *table) if cow_blocks else tuple(table)
 
     def _finish_hold(self, req: str, hold: bool) -> bool:
         """Whether a finish keeps the table: only when the engine asks (jobs pin their own)."""
