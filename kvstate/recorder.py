@@ -7,8 +7,8 @@ That and a list append for the audit are all the hot path does.
 
 Every recorder has an :class:`~kvstate.audit.Auditor`: the fold, with every
 invariant, run on what the recorder records (see :mod:`kvstate.audit` for
-where it runs). The ledgers that record here ask :meth:`Recorder.check` for
-the findings of each record they make.
+where it runs). The ledgers that record here call :meth:`Recorder.emit`,
+which records and returns the findings each ledger must act on.
 
 The first record of every journal is the ``journal_opened`` header, written
 by the recorder itself when it is created.
@@ -187,30 +187,15 @@ class Recorder:
         return entry
 
     def emit(self, event: _Event, step: int) -> list[Violation]:
-        """:meth:`record` then :meth:`check`, in one call: what a ledger does
-        for every transition."""
-        with self._lock:
-            seq = self._next_seq
-            self._next_seq = seq + 1
-            entry: Entry = _tuple_new(Entry, (seq, step, self._clock(), event))
-            for sink in self._sinks:
-                sink(entry)
-        auditor = self.auditor
-        if self._inline:
-            return auditor.apply(seq, step, event)
-        if auditor.untaken:
-            return auditor.take_new()
-        return _NONE
-
-    def check(self, entry: Entry) -> list[Violation]:
-        """The findings a ledger should act on after recording ``entry``.
+        """:meth:`record` one event and return the findings its ledger acts on.
 
         Inline, the record's own (folded now); otherwise whatever the audit
         found in committed batches since the last call, usually nothing.
         """
+        seq, step, _ts, event = self.record(event, step)
         auditor = self.auditor
         if self._inline:
-            return auditor.apply(entry.seq, entry.step, entry.event)
+            return auditor.apply(seq, step, event)
         if auditor.untaken:
             return auditor.take_new()
         return _NONE
