@@ -134,8 +134,8 @@ def sweep(
     """Park what was queued at or before ``horizon`` and has settled.
 
     ``named`` maps each key to the record count when it was queued, oldest
-    first (the reference ledger requeues a key each time a record names it;
-    a worker ledger when it comes or comes back), so the sweep stops at the
+    first (the reference ledger requeues a key each time a record names it),
+    so the sweep stops at the
     first key queued after ``horizon``. ``settled`` answers True (park it),
     False (not yet: queued again at ``now``) or None (nothing left to park:
     forget the key).

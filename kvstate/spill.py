@@ -9,8 +9,9 @@ Nothing is written beside the user's journals.
 Replay, ``export`` and ``inspect --once`` park into one, so a journal of any
 length replays in the same memory. A connector can hand one to its
 :class:`~kvstate.scheduler.SchedulerLedger` and each
-:class:`~kvstate.worker.WorkerLedger` (``archive=SpillArchive()``), so an
-engine that runs for weeks holds what is live, not every job it has saved.
+:class:`~kvstate.worker.WorkerLedger` (``archive=SpillArchive()``), where
+they park the generations of ended requests, so an engine that runs for
+weeks holds what is live, not every request it has served.
 
 Writes are buffered and inserted in batches; a read first flushes what is
 pending, so every answer is as if each write had gone straight in. Reads are
