@@ -170,16 +170,22 @@ def engine_cpu(
     return engine_ns / events, child_s * 1e9 / events, events
 
 
+def audited_scheduler(folder: str) -> SchedulerLedger:
+    """A lax scheduler ledger of one rank whose journal is written, and audited,
+    by a writer process in ``folder``: the configuration the CPU rows measure."""
+    rec = Recorder.open(
+        os.path.join(folder, "j.db"), block_size=BLOCK, world_size=1, process=True,
+        audit="commit",
+    )  # fmt: skip
+    return SchedulerLedger(rec, strict=False)
+
+
 def job_cpu(table: int, jobs: int) -> float:
     """Engine-process CPU (ns) of one job's enqueue, completion and release, the
     job pinning a ``table``-block table and saving one block (as a decode save
     does), with the journal written and audited by a writer process."""
     with tempfile.TemporaryDirectory() as tmp:
-        rec = Recorder.open(
-            os.path.join(tmp, "j.db"), block_size=BLOCK, world_size=1, process=True,
-            audit="commit",
-        )  # fmt: skip
-        sched = SchedulerLedger(rec, strict=False)
+        sched = audited_scheduler(tmp)
         sched.admit("r", table * BLOCK)
         sched.assign_blocks("r", range(table), resumed=False)
         keys = [(f"k{i}",) for i in range(jobs)]
@@ -192,7 +198,7 @@ def job_cpu(table: int, jobs: int) -> float:
             if i % 32 == 31:
                 sched.begin_step()  # a step's commit
         took = time.process_time_ns() - t0
-        rec.close()
+        sched.recorder.close()
     return took / jobs
 
 

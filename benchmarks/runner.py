@@ -32,6 +32,7 @@ import msgpack
 from benchmarks.bench_hot_path import (
     BLOCK,
     WORLD,
+    audited_scheduler,
     engine_cpu,
     job_cpu,
     lifecycle,
@@ -39,7 +40,7 @@ from benchmarks.bench_hot_path import (
 )
 from benchmarks.bench_inspector import KEYS
 from journal import Journal, atomic_output
-from kvstate import Recorder, SchedulerLedger, SpillArchive
+from kvstate import Recorder, SpillArchive
 from kvstate.codec import to_record
 from kvstate.events import JournalOpened
 
@@ -246,11 +247,7 @@ def step_overhead(running: int, every: int = 1, steps: int = 32) -> float:
     block and enqueues a save once every ``every`` steps; the jobs complete
     and release the next step."""
     with tempfile.TemporaryDirectory() as tmp:
-        rec = Recorder.open(
-            os.path.join(tmp, "s.db"), block_size=BLOCK, world_size=1, process=True,
-            audit="commit",
-        )  # fmt: skip
-        sched = SchedulerLedger(rec, strict=False)
+        sched = audited_scheduler(tmp)
         reqs = [f"r{i}" for i in range(running)]
         for i, req in enumerate(reqs):
             sched.admit(req, BLOCK)
@@ -272,7 +269,7 @@ def step_overhead(running: int, every: int = 1, steps: int = 32) -> float:
             sched.release_ready()
         sched.begin_step()  # commits the last step
         took = time.process_time() - t0
-        rec.close()
+        sched.recorder.close()
     return took / steps / running * 1e6
 
 
