@@ -159,10 +159,6 @@ class Auditor:
         auditor._workers = config == "scheduler+workers"
         return auditor
 
-    def end(self) -> list[Violation]:
-        """The end-of-journal check of the fold (``UNFINISHED``), for a summary."""
-        return self.ledger.end() if self.ledger is not None else []
-
     def rank_ledger(self, rank: int) -> RankLedger:
         """The fold's state of one rank (for tools and tests; the guards do not read it)."""
         if not self._built:
