@@ -1,33 +1,276 @@
-"""The packed form of a parked job or request, and when to park (see
-:mod:`kvstate.archive`).
+"""Parking: the reference ledger's settled jobs and requests, moved out of
+memory into its :class:`~kvstate.archive.Archive` and brought back whole.
 
-Rows are plain tuples of field values in declaration order, pickled: a
-settled job with two ranks packs into about a hundred bytes, a tenth of
-pickling the objects themselves (which repeats every field name). Unpacking
-builds the very same objects, so a job's per-rank states come back shared
-with the rank ledgers that hold them.
+This is the one component that parks the fold's state; the ledger calls it
+at two points only. Before a record is folded, :meth:`Parking.bring_back`
+restores whatever the record names, so every check sees exactly the state it
+would have seen had nothing been parked. Every ``sweep_every`` records,
+:meth:`Parking.sweep` parks what has stayed settled for ``park_after``
+records.
+
+The ids parked are kept in memory (a set each), so a record naming a new
+job or request costs no archive lookup, which for a
+:class:`~kvstate.spill.SpillArchive` would be a SQL query.
+
+Rows are packed as plain tuples of field values in declaration order,
+pickled: a settled job with two ranks packs into about a hundred bytes, a
+tenth of pickling the objects themselves. Unpacking builds the very same
+objects, so a job's per-rank states come back shared with the rank ledgers
+that hold them.
 """
 
 from __future__ import annotations
 
 import pickle
-from collections import OrderedDict
 from collections.abc import Callable
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from . import events as ev
 from .state import Incarnation, RankJobState, RequestState, StoreJobState, StoreRequestState
 
+if TYPE_CHECKING:
+    from .ledger import Ledger
+    from .rank import RankLedger
+
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
-K = TypeVar("K")
 
 #: records between two sweeps that park settled jobs and requests
 SWEEP_EVERY = 4096
-#: a settled job or request is parked once it has waited this many records in
-#: its ledger's queue (since last named, or since it came: see each ledger)
+#: a job or request is parked once it has stayed settled this many records
 PARK_AFTER = 8192
+
+#: kinds whose ``job`` names a job the fold must have at hand (the audit kinds
+#: only name the job a key's value came from; an enqueue creates its job)
+_JOB_RECORDS = frozenset(
+    cls
+    for cls in ev.EVENT_TYPES.values()
+    if "job" in cls.payload_fields and cls not in (ev.KeyVerified, ev.LoadVerified, ev.JobEnqueued)
+)
+
+
+class Parking:
+    """Parks one :class:`~kvstate.ledger.Ledger`'s settled state in its archive.
+
+    Settled means no end-of-run check could flag it (``engine_idle`` looks
+    only at what is in memory): a job with no pins held and every rank of its
+    world having received and reported it (for a live scheduler, which sees
+    no rank records: every completion received); a request none of whose
+    incarnations holds blocks and with no live job on any rank.
+    """
+
+    def __init__(self, ledger: Ledger, park_after: int, sweep_every: int) -> None:
+        self.ledger = ledger
+        self.park_after = park_after
+        self.sweep_every = sweep_every
+        #: ids in the archive (a new id is told from a parked one without a lookup)
+        self.jobs: set[int] = set()
+        self.requests: set[str] = set()
+        #: requests with a job enqueued for an incarnation that does not exist:
+        #: their ranks' state is keyed by gens the request does not list, so
+        #: they are never parked
+        self.unparkable: set[str] = set()
+        # id -> the record count at the sweep that first found it settled
+        self._settled_jobs: dict[int, int] = {}
+        self._settled_requests: dict[str, int] = {}
+
+    def copy(self, ledger: Ledger) -> Parking:
+        """The same parking state for ``ledger`` (a snapshot of the one this serves)."""
+        new = Parking(ledger, self.park_after, self.sweep_every)
+        new.jobs, new.requests = set(self.jobs), set(self.requests)
+        new.unparkable = set(self.unparkable)
+        new._settled_jobs = dict(self._settled_jobs)
+        new._settled_requests = dict(self._settled_requests)
+        return new
+
+    # -- the two calls the fold makes ----------------------------------------------
+
+    def bring_back(self, event: ev.Event) -> None:
+        """Restore, before the fold reads it, whatever this record names.
+
+        A worker record's checks read its job and the job's request (on every
+        rank); a scheduler record's read its request; an enqueue of an id
+        already used reads the earlier job under that id.
+        """
+        ledger = self.ledger
+        kind = type(event)
+        req: str | None
+        if kind in _JOB_RECORDS:
+            job_id: int = event.job  # type: ignore[attr-defined]
+            job = ledger.jobs.get(job_id)
+            if job is None:
+                job = self._unpark_job(job_id) if job_id in self.jobs else None
+                if job is None:
+                    return  # never enqueued: the fold flags it
+            req = job.req
+        elif kind is ev.JobEnqueued:
+            enq: ev.JobEnqueued = event  # type: ignore[assignment]
+            if enq.job in self.jobs:
+                self._unpark_job(enq.job)
+            req = enq.req
+        else:
+            req = getattr(event, "req", None)
+        if req is not None and req in self.requests:
+            self._unpark_request(req)
+
+    def sweep(self) -> None:
+        """Park what has stayed settled since a sweep ``park_after`` records ago."""
+        ledger = self.ledger
+        now = ledger.records
+        horizon = now - self.park_after
+        since = self._settled_jobs
+        for job_id, job in list(ledger.jobs.items()):
+            if not self._job_settled(job):
+                since.pop(job_id, None)
+            elif since.setdefault(job_id, now) <= horizon:
+                del since[job_id]
+                self._park_job(job_id)
+        since_req = self._settled_requests
+        for req, request in list(ledger.requests.items()):
+            if not self._request_settled(req, request):
+                since_req.pop(req, None)
+            elif since_req.setdefault(req, now) <= horizon:
+                del since_req[req]
+                self._park_request(req)
+
+    def restore_all(self) -> None:
+        """Bring every parked job and request back (views that show history)."""
+        for job_id in sorted(self.jobs):
+            self._unpark_job(job_id)
+        for req in sorted(self.requests):
+            self._unpark_request(req)
+
+    def job(self, job_id: int) -> StoreJobState | None:
+        """Job ``job_id`` brought back if it was parked (None if it never was)."""
+        return self._unpark_job(job_id) if job_id in self.jobs else None
+
+    def request(self, req: str) -> None:
+        """Bring ``req`` back if it was parked."""
+        if req in self.requests:
+            self._unpark_request(req)
+
+    # -- settled? ------------------------------------------------------------------
+
+    def _job_settled(self, job: StoreJobState) -> bool:
+        ledger = self.ledger
+        if job.job in ledger.pinned:
+            return False
+        if not ledger.observes_workers:
+            # A live scheduler sees no rank records: its job is done once every
+            # completion arrived (and no pin is held).
+            return job.completions >= job.world_size
+        if len(job.ranks) < job.world_size:
+            return False
+        for rl in ledger.ranks.values():
+            rj = rl.jobs.get(job.job)
+            if rj is not None and rj.reported_seq is None:
+                return False
+        return True
+
+    def _request_settled(self, req: str, request: RequestState) -> bool:
+        if req in self.unparkable:
+            return False
+        for inc in request.incarnations.values():
+            if inc.held or inc.table:
+                return False
+        for rl in self.ledger.ranks.values():
+            st = rl.requests.get(req)
+            if st is not None and st.live_jobs:
+                return False
+        return True
+
+    # -- moving state out and back -------------------------------------------------
+
+    def _park_job(self, job_id: int) -> None:
+        ledger = self.ledger
+        job = ledger.jobs.pop(job_id)
+        on_ranks = {r: rl.jobs.pop(job_id) for r, rl in ledger.ranks.items() if job_id in rl.jobs}
+        # Packed together, so job.ranks[r] comes back as the very object ranks hold.
+        ledger.archive.put(("job", job_id), pack_job(job, on_ranks))
+        self.jobs.add(job_id)
+
+    def _unpark_job(self, job_id: int) -> StoreJobState | None:
+        ledger = self.ledger
+        blob = ledger.archive.take(("job", job_id))
+        self.jobs.discard(job_id)
+        if blob is None:
+            return None
+        job, on_ranks = unpack_job(blob)
+        ledger.jobs[job_id] = job
+        for r, rj in on_ranks.items():
+            ledger.rank(r).jobs[job_id] = rj
+        return job
+
+    def _park_request(self, req: str) -> None:
+        ledger = self.ledger
+        request = ledger.requests.pop(req)
+        gens = list(request.incarnations)
+        on_ranks = {r: _take_rank_request(rl, req, gens) for r, rl in ledger.ranks.items()}
+        ledger.archive.put(("request", req), pack_request(request, on_ranks))
+        self.requests.add(req)
+
+    def _unpark_request(self, req: str) -> None:
+        ledger = self.ledger
+        blob = ledger.archive.take(("request", req))
+        self.requests.discard(req)
+        if blob is None:
+            return
+        request, on_ranks = unpack_request(blob)
+        ledger.requests[req] = request
+        for r, part in on_ranks.items():
+            _put_rank_request(ledger.rank(r), req, part)
+
+
+# -- what a rank keeps for one request --------------------------------------------------
+
+#: its state, newest received and seen generations, and per generation the
+#: end, offset and jobs received
+RankRequestPart = tuple[
+    "StoreRequestState | None",
+    "tuple[int, int] | None",
+    "tuple[int, int] | None",
+    dict[int, int],
+    dict[int, "tuple[int, int]"],
+    dict[int, "tuple[int, ...]"],
+]
+
+
+def _take_rank_request(rl: RankLedger, req: str, gens: list[int]) -> RankRequestPart | None:
+    """Remove and return everything ``rl`` keeps for ``req`` and its ``gens``."""
+    keys = [(req, g) for g in gens]
+    part = (
+        rl.requests.pop(req, None),
+        rl.newest_received.pop(req, None),
+        rl.newest_seen.pop(req, None),
+        {k[1]: rl.ended.pop(k) for k in keys if k in rl.ended},
+        {k[1]: rl.offsets.pop(k) for k in keys if k in rl.offsets},
+        {k[1]: rl.by_incarnation.pop(k) for k in keys if k in rl.by_incarnation},
+    )
+    return part if any(part) else None
+
+
+def _put_rank_request(rl: RankLedger, req: str, part: RankRequestPart | None) -> None:
+    """Put back what :func:`_take_rank_request` took."""
+    if part is None:
+        return
+    state, received, seen, ended, offsets, jobs = part
+    if state is not None:
+        rl.requests[req] = state
+    if received is not None:
+        rl.newest_received[req] = received
+    if seen is not None:
+        rl.newest_seen[req] = seen
+    for g, v in ended.items():
+        rl.ended[(req, g)] = v
+    for g, o in offsets.items():
+        rl.offsets[(req, g)] = o
+    for g, j in jobs.items():
+        rl.by_incarnation[(req, g)] = j
+
+
+# -- the packed rows ----------------------------------------------------------------------
 
 
 def _names(cls: type) -> tuple[str, ...]:
@@ -43,7 +286,7 @@ _RANK_REQUEST = _names(StoreRequestState)
 
 def _rows(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
     """The field values named, as a tuple (``attrgetter`` of two names or more
-    returns one, built in C: parking runs on the connector's threads)."""
+    returns one, built in C)."""
     if len(names) < 2:
         raise ValueError(f"a packed row needs at least two fields, not {names}")
     return attrgetter(*names)
@@ -75,15 +318,14 @@ def unpack_job(blob: bytes) -> tuple[StoreJobState, dict[int, RankJobState]]:
     return StoreJobState(**fields, ranks=job_ranks), on_ranks
 
 
-def pack_request(request: RequestState, on_ranks: dict[int, Any]) -> bytes:
-    """A request, its incarnations, and what each rank keeps for it
-    (:meth:`~kvstate.rank.RankLedger.take_request` parts, None where a rank has none)."""
+def pack_request(request: RequestState, on_ranks: dict[int, RankRequestPart | None]) -> bytes:
+    """A request, its incarnations, and what each rank keeps for it."""
     incarnations = {g: _incarnation_row(inc) for g, inc in request.incarnations.items()}
     parts = {r: _part_row(part) for r, part in on_ranks.items()}
     return pickle.dumps((_request_row(request), incarnations, parts), _PROTOCOL)
 
 
-def unpack_request(blob: bytes) -> tuple[RequestState, dict[int, Any]]:
+def unpack_request(blob: bytes) -> tuple[RequestState, dict[int, RankRequestPart | None]]:
     row, incarnations, parts = pickle.loads(blob)
     fields = dict(zip(_REQUEST, row, strict=True))
     incs = {g: Incarnation(*values) for g, values in incarnations.items()}
@@ -91,28 +333,7 @@ def unpack_request(blob: bytes) -> tuple[RequestState, dict[int, Any]]:
     return RequestState(**fields, incarnations=incs), on_ranks
 
 
-def pack_rank_job(spec: tuple[Any, ...], rj: RankJobState) -> bytes:
-    """A live rank's job: the fields of its spec, and the rank's state of it."""
-    return pickle.dumps((spec, _rank_job_row(rj)), _PROTOCOL)
-
-
-def unpack_rank_job(blob: bytes) -> tuple[tuple[Any, ...], RankJobState]:
-    spec, row = pickle.loads(blob)
-    return spec, RankJobState(*row)
-
-
-def pack_rank_request(gens: tuple[int, ...], part: Any) -> bytes:
-    """A live rank's request: the generations it has seen and what it keeps
-    for them (a :meth:`~kvstate.rank.RankLedger.take_request` part)."""
-    return pickle.dumps((gens, _part_row(part)), _PROTOCOL)
-
-
-def unpack_rank_request(blob: bytes) -> tuple[tuple[int, ...], Any]:
-    gens, part = pickle.loads(blob)
-    return gens, _part(part)
-
-
-def _part_row(part: Any) -> Any:
+def _part_row(part: RankRequestPart | None) -> Any:
     if part is None:
         return None
     return (None if part[0] is None else _rank_request_row(part[0]), *part[1:])
@@ -122,35 +343,3 @@ def _part(row: Any) -> Any:
     if row is None:
         return None
     return (None if row[0] is None else StoreRequestState(*row[0]), *row[1:])
-
-
-def sweep(
-    named: OrderedDict[K, int],
-    horizon: int,
-    now: int,
-    settled: Callable[[K], bool | None],
-    park: Callable[[K], None],
-) -> None:
-    """Park what was queued at or before ``horizon`` and has settled.
-
-    ``named`` maps each key to the record count when it was queued, oldest
-    first (the reference ledger requeues a key each time a record names it),
-    so the sweep stops at the
-    first key queued after ``horizon``. ``settled`` answers True (park it),
-    False (not yet: queued again at ``now``) or None (nothing left to park:
-    forget the key).
-    """
-    later = []
-    while named:
-        key, when = named.popitem(last=False)
-        if when > horizon:
-            named[key] = when
-            named.move_to_end(key, last=False)
-            break
-        verdict = settled(key)
-        if verdict is True:
-            park(key)
-        elif verdict is False:
-            later.append(key)
-    for key in later:
-        named[key] = now

@@ -15,23 +15,17 @@ quiescence checks (leaked pins, missing reports, held blocks) run at
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 from journal import RecordError
 
 from . import events as ev
 from ._layered import LayeredSet
-from ._parking import (
-    PARK_AFTER,
-    SWEEP_EVERY,
-    pack_job,
-    pack_request,
-    sweep,
-    unpack_job,
-    unpack_request,
-)
+from ._parking import PARK_AFTER, SWEEP_EVERY, Parking
+from ._quiescence import check_quiescent
+from ._reads import check_enqueued_reads, check_epochs, check_key, check_load
 from .archive import Archive
 from .codec import Entry
 from .rank import RankLedger
@@ -46,15 +40,14 @@ from .state import (
 from .violations import Code, Violation, chain_of, finding
 
 Out = list[Violation]
-K = TypeVar("K")
 
-#: kinds whose ``job`` names a job the fold must have at hand (the audit kinds
-#: only name the job a key's value came from; an enqueue creates its job)
-_JOB_RECORDS = frozenset(
-    cls
-    for cls in ev.EVENT_TYPES.values()
-    if "job" in cls.payload_fields and cls not in (ev.KeyVerified, ev.LoadVerified, ev.JobEnqueued)
+_SCHEDULER_KINDS = frozenset(
+    cls for cls in ev.EVENT_TYPES.values() if cls.side == ev.SIDE_SCHEDULER
 )
+_WORKER_KINDS = frozenset(cls for cls in ev.EVENT_TYPES.values() if cls.side == ev.SIDE_WORKER)
+#: worker kinds that name a job (the rest name a request's incarnation)
+_WORKER_JOB_KINDS = frozenset(k for k in _WORKER_KINDS if "job" in k.payload_fields)
+_DMA_KINDS = (ev.DmaStarted, ev.DmaDone)
 
 
 class Ledger:
@@ -83,18 +76,8 @@ class Ledger:
     ) -> None:
         self.observes_workers = observes_workers
         self.archive = archive if archive is not None else Archive()
-        #: whether settled entities are parked (only when an archive was given)
-        self.parks = archive is not None
-        self.park_after = park_after
-        self.sweep_every = sweep_every
-        # Jobs and requests by the record count at which a record last named
-        # them, oldest first: a sweep parks from the front.
-        self._named_jobs: OrderedDict[int, int] = OrderedDict()
-        self._named_requests: OrderedDict[str, int] = OrderedDict()
-        #: requests with a job enqueued for an incarnation that does not exist:
-        #: their ranks' state is keyed by gens the request does not list, so
-        #: they are never parked
-        self._unparkable: set[str] = set()
+        #: what parks settled state (only when an archive was given)
+        self.parking = Parking(self, park_after, sweep_every) if archive is not None else None
         self.header: ev.JournalOpened | None = None
         self.requests: dict[str, RequestState] = {}
         self.blocks: dict[int, BlockState] = {}
@@ -113,8 +96,9 @@ class Ledger:
         #: jobs whose pins are still held, in enqueue order
         self.pinned: dict[int, None] = {}
         #: (code, entity) of the findings reported once (copies share it, see _layered)
-        self._reported_once = LayeredSet()
+        self.reported_once = LayeredSet()
         self._dispatch: dict[type, Callable[[int, Any, Out], None]] = {
+            **dict.fromkeys(_WORKER_KINDS, self._on_worker),
             ev.JournalOpened: self._on_journal_opened,
             ev.RequestAdmitted: self._on_admitted,
             ev.RequestResumed: self._on_resumed,
@@ -151,27 +135,26 @@ class Ledger:
         journal: the first record is not ``journal_opened``, or a later header
         disagrees with the first.
         """
-        out: Out = []
-        if self.header is None or type(event) is ev.JournalOpened:
+        kind = type(event)
+        if kind is ev.JournalOpened or self.header is None:
             problem = ev.header_problem(self.header, event)
             if problem is not None:
                 raise RecordError(problem, seq=seq)
+        out: Out = []
         self.records += 1
         self.last_seq, self.last_kind = seq, event.kind
-        if self.parks:
-            self._unpark_named(event)
-        if event.side == ev.SIDE_SCHEDULER:
+        parking = self.parking
+        if parking is not None:
+            parking.bring_back(event)
+        if kind in _SCHEDULER_KINDS:
             if step < self.step:
                 why = f"scheduler step went back from {self.step} to {step}"
                 out.append(finding(Code.STEP_REGRESSED, seq, why))
             else:
                 self.step = step
-        if event.side == ev.SIDE_WORKER:
-            self._on_worker(seq, event, out)
-        else:
-            self._dispatch[type(event)](seq, event, out)
-        if self.parks and self.records % self.sweep_every == 0:
-            self._park_settled()
+        self._dispatch[kind](seq, event, out)
+        if parking is not None and self.records % parking.sweep_every == 0:
+            parking.sweep()
         return out
 
     def fold(self, entries: Iterable[Entry]) -> list[Violation]:
@@ -348,7 +331,7 @@ class Ledger:
             self.last_job, self.last_job_seq = event.job, seq
         inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
         if inc is not None:
-            self._check_reads(seq, event, inc, out)
+            check_enqueued_reads(self, seq, event, inc, out)
         for block in event.pins:
             # A pin holds the block without writing it: no epoch change.
             self._block(block).refs += 1
@@ -370,43 +353,11 @@ class Ledger:
         )
         if event.pins:
             self.pinned[event.job] = None
-        if inc is None:
-            self._unparkable.add(event.req)
+        if inc is None and self.parking is not None:
+            self.parking.unparkable.add(event.req)
         key_written = self.archive.key_written
         for key in event.keys:
             key_written(key, seq, event.job)
-
-    def _check_reads(self, seq: int, event: ev.JobEnqueued, inc: Incarnation, out: Out) -> None:
-        table = set(inc.table)
-        pins = set(event.pins)
-        for block in event.reads:
-            if block not in table and block not in pins:
-                state = self.blocks.get(block)
-                why = (
-                    f"job {event.job} of {inc.name} would read block {block}, which is "
-                    "neither in the request's table nor pinned by the job"
-                )
-                out.append(
-                    finding(
-                        Code.FOREIGN_BLOCK_READ,
-                        seq,
-                        why,
-                        inc.table_seq,
-                        state.freed_seq if state else None,
-                        of=event,
-                        block=block,
-                    )
-                )
-        # A finish-time job (enqueued after request_finished, pinning what it
-        # reads) saves from the table the request had when it finished.
-        blocks = inc.final_table_len if inc.state == FINISHED and not inc.held else len(inc.table)
-        capacity = blocks * self.block_size
-        if event.token_end > capacity:
-            why = (
-                f"job {event.job} saves tokens up to {event.token_end}, but the table of "
-                f"{inc.name} has {len(inc.table)} blocks ({capacity} tokens)"
-            )
-            out.append(finding(Code.TABLE_OVERRUN, seq, why, inc.table_seq, of=event))
 
     def _job(self, seq: int, kind: str, job: int, out: Out) -> StoreJobState | None:
         state = self.jobs.get(job)
@@ -484,11 +435,13 @@ class Ledger:
         return ledger
 
     def _on_worker(self, seq: int, event: Any, out: Out) -> None:
-        job_id = getattr(event, "job", None)
+        kind = type(event)
         job = None
-        if job_id is not None:
-            job = self._job(seq, event.kind, job_id, out)
+        if kind in _WORKER_JOB_KINDS:
+            job_id = event.job
+            job = self.jobs.get(job_id)
             if job is None:
+                self._job(seq, event.kind, job_id, out)  # flags the unknown job
                 return
             if event.rank >= job.world_size:
                 why = (
@@ -501,70 +454,14 @@ class Ledger:
                 return
         elif self._incarnation(seq, event.kind, event.req, event.gen, out) is None:
             return
-        rank_job = self.rank(event.rank).apply(seq, event, out)
+        rank = event.rank
+        ledger = self.ranks.get(rank) or self.rank(rank)
+        rank_job = ledger.apply(seq, event, out)
         if job is None or rank_job is None:
             return
-        job.ranks[event.rank] = rank_job
-        if type(event) in (ev.DmaStarted, ev.DmaDone):
-            self._check_epochs(seq, event, job, out)
-
-    def _check_epochs(self, seq: int, event: Any, job: StoreJobState, out: Out) -> None:
-        """A transfer must see each read block at the epoch recorded at enqueue.
-
-        With ``blocks`` on the record only the blocks it names are checked
-        (keys already stored are not read again). A ``dma_done`` carrying both
-        ``digest`` and ``expected`` is also checked by bytes: different
-        fingerprints are a poisoned read even where the epochs agree.
-        """
-        blocks = self.blocks
-        only = set(event.blocks) if event.blocks else None
-        for block, epoch in zip(job.reads, job.read_epochs, strict=True):
-            if only is not None and block not in only:
-                continue
-            state = blocks.get(block)
-            if state is None or state.epoch == epoch:
-                continue
-            self._reported_once.add((Code.POISONED_READ, (job.job, event.rank)))
-            key = (Code.POISONED_READ, (job.job, event.rank, block, state.epoch))
-            if key in self._reported_once:
-                continue  # already flagged at dma_started for this epoch
-            self._reported_once.add(key)
-            holder = f" and handed to {state.epoch_holder}" if state.epoch_holder else ""
-            freed = f"freed at seq {state.prior_free_seq}" if state.prior_free_seq else "reassigned"
-            why = (
-                f"job {job.job} of {job.req}/{job.gen} read block {block} on rank "
-                f"{event.rank} at epoch {state.epoch}, but enqueued it at epoch {epoch}: "
-                f"the block was {freed}{holder} at seq {state.epoch_seq}"
-            )
-            out.append(
-                finding(
-                    Code.POISONED_READ,
-                    seq,
-                    why,
-                    job.enqueued_seq,
-                    state.prior_free_seq,
-                    state.epoch_seq,
-                    of=job,
-                    rank=event.rank,
-                    block=block,
-                )
-            )
-        if type(event) is ev.DmaDone:
-            self._check_digest(seq, event, job, out)
-
-    def _check_digest(self, seq: int, event: ev.DmaDone, job: StoreJobState, out: Out) -> None:
-        if event.digest is None or event.expected is None or event.digest == event.expected:
-            return
-        key = (Code.POISONED_READ, (job.job, event.rank))
-        if key in self._reported_once:
-            return  # the epochs already told this transfer's story
-        self._reported_once.add(key)
-        why = (
-            f"job {job.job} of {job.req}/{job.gen} on rank {event.rank} copied bytes with "
-            f"fingerprint {event.digest}, but its blocks held {event.expected} when the "
-            "save was requested: it read KV that another request wrote since"
-        )
-        out.append(finding(Code.POISONED_READ, seq, why, job.enqueued_seq, of=job, rank=event.rank))
+        job.ranks[rank] = rank_job
+        if kind in _DMA_KINDS:
+            check_epochs(self, seq, event, job, out)
 
     # -- engine and audit --------------------------------------------------------------
 
@@ -574,113 +471,26 @@ class Ledger:
         out.append(finding(Code.CRASH, seq, why))
 
     def _on_idle(self, seq: int, event: ev.EngineIdle, out: Out) -> None:
-        """Quiescence: nothing may be outstanding. Each finding is reported once."""
-        for job in self.jobs.values():
-            if job.job in self.pinned and self._first(Code.LEAKED_PIN, job.job):
-                why = (
-                    f"engine idle while job {job.job} still pins {list(job.pins)} "
-                    f"({job.completions} of {job.world_size} completions received)"
-                )
-                out.append(
-                    finding(
-                        Code.LEAKED_PIN, seq, why, job.enqueued_seq, *job.completion_seqs, of=job
-                    )
-                )
-            if not self.observes_workers:
-                continue  # a live scheduler cannot see the ranks' records
-            # Ranks that received the job: one finding each. Ranks that never
-            # did: one finding per job naming them, so the work here follows
-            # the records, never the world_size a header declares.
-            for rank, rj in sorted(job.ranks.items()):
-                if rj.reported_seq is not None or not self._first(
-                    Code.MISSING_REPORT, (job.job, rank)
-                ):
-                    continue
-                why = (
-                    f"engine idle, and rank {rank} received job {job.job} but never "
-                    f"reported it (last phase: {rj.phase})"
-                )
-                out.append(
-                    finding(
-                        Code.MISSING_REPORT,
-                        seq,
-                        why,
-                        job.enqueued_seq,
-                        rj.received_seq,
-                        rank=rank,
-                        of=job,
-                    )
-                )
-            absent = job.world_size - len(job.ranks)
-            if absent > 0 and self._first(Code.MISSING_REPORT, (job.job, None)):
-                first = next(r for r in range(job.world_size) if r not in job.ranks)
-                which = f"rank {first}" if absent == 1 else f"{absent} ranks (first: rank {first})"
-                why = f"engine idle, and {which} never received job {job.job}"
-                out.append(
-                    finding(Code.MISSING_REPORT, seq, why, job.enqueued_seq, rank=first, of=job)
-                )
-        for request in self.requests.values():
-            for inc in request.incarnations.values():
-                if inc.held and self._first(Code.HELD_FOREVER, (inc.req, inc.gen)):
-                    why = (
-                        f"engine idle while {inc.name} still holds blocks {inc.table} "
-                        "from a hold finish"
-                    )
-                    out.append(
-                        finding(
-                            Code.HELD_FOREVER, seq, why, inc.ended_seq, req=inc.req, gen=inc.gen
-                        )
-                    )
+        check_quiescent(self, seq, out)
 
-    def _first(self, code: Code, entity: Any) -> bool:
+    def first_report(self, code: Code, entity: Any) -> bool:
+        """True the first time ``(code, entity)`` is asked: a finding reported once."""
         key = (code, entity)
-        if key in self._reported_once:
+        if key in self.reported_once:
             return False
-        self._reported_once.add(key)
+        self.reported_once.add(key)
         return True
 
     def _on_key_verified(self, seq: int, event: ev.KeyVerified, out: Out) -> None:
-        if event.ok:
-            return
-        detail = ""
-        if event.expected is not None or event.actual is not None:
-            detail = f" (expected {event.expected}, found {event.actual})"
-        why = f"store key {event.key!r} holds KV that is not the KV of its tokens{detail}"
-        writers, job = self._writers(seq, event.job, event.key)
-        out.append(finding(Code.POISONED_KEY, seq, why, *writers, job=job, key=event.key))
-
-    def _writers(self, seq: int, job: int | None, key: str) -> tuple[tuple[int, ...], int | None]:
-        """The enqueues before ``seq`` that wrote ``key``, and the job behind its
-        value: as the audit names it, else the key's first writer."""
-        writers, first = self.archive.key_writers(key, seq)
-        return writers, job if job is not None else first
+        check_key(self, seq, event, out)
 
     def _on_key_missing(self, seq: int, event: ev.KeyMissing, out: Out) -> None:
         """Evicted or unreadable: counted, never a violation (nothing wrong was read)."""
         self.keys_missing += 1
 
     def _on_load_verified(self, seq: int, event: ev.LoadVerified, out: Out) -> None:
-        if self._incarnation(seq, event.kind, event.req, event.gen, out) is None:
-            return
-        if event.ok:
-            return
-        why = (
-            f"{event.req}/{event.gen} loaded {event.key!r} and got KV that is not "
-            "what the key names"
-        )
-        writers, job = self._writers(seq, event.job, event.key)
-        out.append(
-            finding(
-                Code.WRONG_KV_LOADED,
-                seq,
-                why,
-                *writers,
-                job=job,
-                req=event.req,
-                gen=event.gen,
-                key=event.key,
-            )
-        )
+        if self._incarnation(seq, event.kind, event.req, event.gen, out) is not None:
+            check_load(self, seq, event, out)
 
     # -- views -------------------------------------------------------------------------
 
@@ -693,13 +503,8 @@ class Ledger:
         each job's per-rank states are the very copies its rank ledger holds.
         Parked state is copied packed (see :meth:`Archive.copy`).
         """
-        new = Ledger(
-            observes_workers=self.observes_workers,
-            archive=self.archive.copy(),
-            park_after=self.park_after,
-            sweep_every=self.sweep_every,
-        )
-        new.parks = self.parks
+        new = Ledger(observes_workers=self.observes_workers, archive=self.archive.copy())
+        new.parking = None if self.parking is None else self.parking.copy(new)
         new.header = self.header
         new.requests = {req: r.copy() for req, r in self.requests.items()}
         new.blocks = {b: s.copy() for b, s in self.blocks.items()}
@@ -713,10 +518,7 @@ class Ledger:
         new.crashes = list(self.crashes)
         new.keys_missing = self.keys_missing
         new.pinned = dict(self.pinned)
-        new._reported_once = self._reported_once.copy()
-        new._named_jobs = OrderedDict(self._named_jobs)
-        new._named_requests = OrderedDict(self._named_requests)
-        new._unparkable = set(self._unparkable)
+        new.reported_once = self.reported_once.copy()
         return new
 
     def whole(self) -> Ledger:
@@ -725,14 +527,11 @@ class Ledger:
         For ``--at``, the inspector's exports and equality: views that must
         show history, not just live state. Costs what parking saved.
         """
-        if not self.parks or not len(self.archive):
+        if self.parking is None or not (self.parking.jobs or self.parking.requests):
             return self
         new = self.snapshot()
-        for kind, name in list(new.archive.keys()):
-            if kind == "job" and isinstance(name, int):
-                new._unpark_job(name)
-            elif kind == "request" and isinstance(name, str):
-                new._unpark_request(name)
+        if new.parking is not None:
+            new.parking.restore_all()
         return new
 
     def _state(self) -> tuple[Any, ...]:
@@ -742,7 +541,7 @@ class Ledger:
             self.observes_workers, self.header, self.requests, self.blocks, self.jobs,
             self.ranks, self.last_job, self.last_job_seq, self.step, self.records,
             self.last_seq, self.last_kind, self.crashes, self.keys_missing, self.pinned,
-            self.archive.key_log(self.last_seq or 0), self._reported_once,
+            self.archive.key_log(self.last_seq or 0), self.reported_once,
         )  # fmt: skip
 
     def __eq__(self, other: object) -> bool:
@@ -753,146 +552,23 @@ class Ledger:
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
-    # -- parking settled state (see kvstate.archive) -------------------------------------
-
     def request(self, req: str) -> RequestState | None:
         """The state of ``req``, brought back first if it was parked (for callers
         outside the fold: a connector's questions about a request)."""
-        request = self.requests.get(req)
-        if request is None and self.parks:
-            self._unpark_request(req)
-            request = self.requests.get(req)
-        return request
+        if req not in self.requests and self.parking is not None:
+            self.parking.request(req)
+        return self.requests.get(req)
 
     def job(self, job_id: int) -> StoreJobState | None:
         """The state of job ``job_id``, brought back first if it was parked."""
         job = self.jobs.get(job_id)
-        if job is None and self.parks:
-            job = self._unpark_job(job_id)
+        if job is None and self.parking is not None:
+            job = self.parking.job(job_id)
         return job
-
-    def _unpark_named(self, event: ev.Event) -> None:
-        """Bring back, before the fold reads it, whatever this record names.
-
-        A worker record's checks read its job and the job's request (on every
-        rank); a scheduler record's read its request; an enqueue of an id not
-        greater than the last reads the earlier job under that id.
-        """
-        now = self.records
-        kind = type(event)
-        req: str | None
-        if kind in _JOB_RECORDS:
-            job_id: int = event.job  # type: ignore[attr-defined]
-            job = self.jobs.get(job_id)
-            if job is None:
-                job = self._unpark_job(job_id)
-            if job is None:
-                return  # never enqueued: the fold flags it
-            self._named_jobs[job_id] = now
-            self._named_jobs.move_to_end(job_id)
-            req = job.req
-        elif kind is ev.JobEnqueued:
-            enq: ev.JobEnqueued = event  # type: ignore[assignment]
-            if self.last_job is not None and enq.job <= self.last_job and enq.job not in self.jobs:
-                self._unpark_job(enq.job)
-            self._named_jobs[enq.job] = now
-            self._named_jobs.move_to_end(enq.job)
-            req = enq.req
-        else:
-            req = getattr(event, "req", None)
-        if req is None:
-            return
-        if req not in self.requests:
-            self._unpark_request(req)
-        self._named_requests[req] = now
-        self._named_requests.move_to_end(req)
-
-    def _park_settled(self) -> None:
-        """Park what has settled and has not been named for ``park_after`` records.
-
-        Settled means no end-of-run check could flag it (engine_idle skips
-        parked state): a job with no pins held and every rank of its world
-        having received and reported it (for a live scheduler, which sees no
-        rank records: every completion received); a request none of whose
-        incarnations holds blocks. Anything else is looked at again later.
-        """
-        self._sweep(self._named_jobs, self._job_settled, self._park_job)
-        self._sweep(self._named_requests, self._request_settled, self._park_request)
-
-    def _sweep(
-        self,
-        named: OrderedDict[K, int],
-        settled: Callable[[K], bool | None],
-        park: Callable[[K], None],
-    ) -> None:
-        sweep(named, self.records - self.park_after, self.records, settled, park)
-
-    def _job_settled(self, job_id: int) -> bool | None:
-        """True: park it; False: not yet; None: nothing to park (gone or replaced)."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            return None
-        if job_id in self.pinned:
-            return False
-        if not self.observes_workers:
-            # A live scheduler sees no rank records: its job is done once every
-            # completion arrived (and no pin is held).
-            return job.completions >= job.world_size
-        if len(job.ranks) < job.world_size:
-            return False
-        for rl in self.ranks.values():
-            rj = rl.jobs.get(job_id)
-            if rj is not None and rj.reported_seq is None:
-                return False
-        return True
-
-    def _request_settled(self, req: str) -> bool | None:
-        request = self.requests.get(req)
-        if request is None or req in self._unparkable:
-            return None
-        for inc in request.incarnations.values():
-            if inc.held or inc.table:
-                return False
-        for rl in self.ranks.values():
-            st = rl.requests.get(req)
-            if st is not None and st.live_jobs:
-                return False
-        return True
-
-    def _park_job(self, job_id: int) -> None:
-        job = self.jobs.pop(job_id)
-        on_ranks = {r: rl.jobs.pop(job_id) for r, rl in self.ranks.items() if job_id in rl.jobs}
-        # Packed together, so job.ranks[r] comes back as the very object ranks hold.
-        self.archive.put(("job", job_id), pack_job(job, on_ranks))
-
-    def _unpark_job(self, job_id: int) -> StoreJobState | None:
-        blob = self.archive.take(("job", job_id))
-        if blob is None:
-            return None
-        job, on_ranks = unpack_job(blob)
-        self.jobs[job_id] = job
-        for r, rj in on_ranks.items():
-            self.rank(r).jobs[job_id] = rj
-        return job
-
-    def _park_request(self, req: str) -> None:
-        request = self.requests.pop(req)
-        gens = list(request.incarnations)
-        on_ranks = {r: rl.take_request(req, gens) for r, rl in self.ranks.items()}
-        self.archive.put(("request", req), pack_request(request, on_ranks))
-
-    def _unpark_request(self, req: str) -> None:
-        blob = self.archive.take(("request", req))
-        if blob is None:
-            return
-        request, on_ranks = unpack_request(blob)
-        self.requests[req] = request
-        for r, part in on_ranks.items():
-            self.rank(r).put_request(req, part)
 
     def to_dict(self) -> dict[str, Any]:
         """The ledger as plain data (for ``--at`` and the inspector), parked state included."""
-        if self.parks and len(self.archive):
+        if self.parking is not None and (self.parking.jobs or self.parking.requests):
             return self.whole().to_dict()
         return {
             "step": self.step,

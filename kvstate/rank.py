@@ -35,17 +35,6 @@ class JobInfo(JobLike, Protocol):
 
 Out = list[Violation]
 
-#: what a rank keeps for one request: its state, newest received and seen
-#: generations, and per generation the end, offset and jobs received
-RankRequestPart = tuple[
-    "StoreRequestState | None",
-    "tuple[int, int] | None",
-    "tuple[int, int] | None",
-    dict[int, int],
-    dict[int, "tuple[int, int]"],
-    dict[int, "tuple[int, ...]"],
-]
-
 
 class RankLedger:
     """The folded state of one rank: its jobs and its per-request state."""
@@ -128,39 +117,6 @@ class RankLedger:
             if job in jobs and jobs[job].reported_seq is None
         ]
 
-    # -- parking (the reference ledger moves settled requests out and back) -----------
-
-    def take_request(self, req: str, gens: list[int]) -> RankRequestPart | None:
-        """Remove and return everything this rank keeps for ``req`` and its ``gens``."""
-        keys = [(req, g) for g in gens]
-        part = (
-            self.requests.pop(req, None),
-            self.newest_received.pop(req, None),
-            self.newest_seen.pop(req, None),
-            {k[1]: self.ended.pop(k) for k in keys if k in self.ended},
-            {k[1]: self.offsets.pop(k) for k in keys if k in self.offsets},
-            {k[1]: self.by_incarnation.pop(k) for k in keys if k in self.by_incarnation},
-        )
-        return part if any(part) else None
-
-    def put_request(self, req: str, part: RankRequestPart | None) -> None:
-        """Put back what :meth:`take_request` took."""
-        if part is None:
-            return
-        state, received, seen, ended, offsets, jobs = part
-        if state is not None:
-            self.requests[req] = state
-        if received is not None:
-            self.newest_received[req] = received
-        if seen is not None:
-            self.newest_seen[req] = seen
-        for g, v in ended.items():
-            self.ended[(req, g)] = v
-        for g, o in offsets.items():
-            self.offsets[(req, g)] = o
-        for g, j in jobs.items():
-            self.by_incarnation[(req, g)] = j
-
     # -- the fold ----------------------------------------------------------------------
 
     def apply(self, seq: int, event: ev.Event, out: Out) -> RankJobState | None:
@@ -193,6 +149,16 @@ class RankLedger:
             if rj is None:
                 rj = self._track(info, RankJobState(event.job, self.rank))
         return info, rj
+
+    def _phase_job(self, seq: int, event: Any, out: Out) -> RankJobState | None:
+        """:meth:`_job` for records that need only the rank's state of the job
+        (the common, clean case costs two lookups)."""
+        job = event.job
+        rj = self.jobs.get(job)
+        if rj is not None and rj.received_seq is not None and job in self._info:
+            return rj
+        found = self._job(seq, event, out)
+        return None if found is None else found[1]
 
     def _track(self, info: JobInfo, rj: RankJobState) -> RankJobState:
         self.jobs[info.job] = rj
@@ -249,34 +215,30 @@ class RankLedger:
         return None
 
     def _on_started(self, seq: int, event: ev.JobStarted, out: Out) -> RankJobState | None:
-        found = self._job(seq, event, out)
-        if found is None:
+        rj = self._phase_job(seq, event, out)
+        if rj is None:
             return None
-        rj = found[1]
         rj.phase, rj.started_seq = "started", seq
         return rj
 
     def _on_skipped(self, seq: int, event: ev.JobSkipped, out: Out) -> RankJobState | None:
-        found = self._job(seq, event, out)
-        if found is None:
+        rj = self._phase_job(seq, event, out)
+        if rj is None:
             return None
-        rj = found[1]
         rj.phase, rj.skip_reason = "skipped", event.reason
         return rj
 
     def _on_dma(self, seq: int, event: ev.DmaStarted | ev.DmaDone, out: Out) -> RankJobState | None:
-        found = self._job(seq, event, out)
-        if found is None:
+        rj = self._phase_job(seq, event, out)
+        if rj is None:
             return None
-        rj = found[1]
         rj.phase, rj.dma_seq = event.kind, seq
         return rj
 
     def _on_put(self, seq: int, event: ev.PutDone | ev.PutFailed, out: Out) -> RankJobState | None:
-        found = self._job(seq, event, out)
-        if found is None:
+        rj = self._phase_job(seq, event, out)
+        if rj is None:
             return None
-        rj = found[1]
         rj.phase, rj.put_seq = event.kind, seq
         rj.put_ok = type(event) is ev.PutDone
         return rj

@@ -1,0 +1,64 @@
+"""The end-of-run checks of the fold, run at ``engine_idle``.
+
+When the engine is idle nothing may be outstanding: no job still pinning
+blocks (LEAKED_PIN), no rank that received a job without reporting it
+(MISSING_REPORT), no finished request still holding blocks from a hold
+finish (HELD_FOREVER). Each finding is reported once, however many
+``engine_idle`` records follow.
+
+A function of :class:`~kvstate.ledger.Ledger`'s state, called only by its
+fold. It looks at what is in memory: parking keeps out only what these
+checks could not flag (see :mod:`kvstate._parking`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .violations import Code, Violation, finding
+
+if TYPE_CHECKING:
+    from .ledger import Ledger
+
+
+def check_quiescent(ledger: Ledger, seq: int, out: list[Violation]) -> None:
+    """Append the LEAKED_PIN, MISSING_REPORT and HELD_FOREVER findings at ``seq``."""
+    first = ledger.first_report
+    for job in ledger.jobs.values():
+        if job.job in ledger.pinned and first(Code.LEAKED_PIN, job.job):
+            why = (
+                f"engine idle while job {job.job} still pins {list(job.pins)} "
+                f"({job.completions} of {job.world_size} completions received)"
+            )
+            chain = (job.enqueued_seq, *job.completion_seqs)
+            out.append(finding(Code.LEAKED_PIN, seq, why, *chain, of=job))
+        if not ledger.observes_workers:
+            continue  # a live scheduler cannot see the ranks' records
+        # Ranks that received the job: one finding each. Ranks that never
+        # did: one finding per job naming them, so the work here follows
+        # the records, never the world_size a header declares.
+        for rank, rj in sorted(job.ranks.items()):
+            if rj.reported_seq is not None or not first(Code.MISSING_REPORT, (job.job, rank)):
+                continue
+            why = (
+                f"engine idle, and rank {rank} received job {job.job} but never "
+                f"reported it (last phase: {rj.phase})"
+            )
+            chain = (job.enqueued_seq, rj.received_seq)
+            out.append(finding(Code.MISSING_REPORT, seq, why, *chain, rank=rank, of=job))
+        absent = job.world_size - len(job.ranks)
+        if absent > 0 and first(Code.MISSING_REPORT, (job.job, None)):
+            rank = next(r for r in range(job.world_size) if r not in job.ranks)
+            which = f"rank {rank}" if absent == 1 else f"{absent} ranks (first: rank {rank})"
+            why = f"engine idle, and {which} never received job {job.job}"
+            out.append(finding(Code.MISSING_REPORT, seq, why, job.enqueued_seq, rank=rank, of=job))
+    for request in ledger.requests.values():
+        for inc in request.incarnations.values():
+            if inc.held and first(Code.HELD_FOREVER, (inc.req, inc.gen)):
+                why = (
+                    f"engine idle while {inc.name} still holds blocks {inc.table} "
+                    "from a hold finish"
+                )
+                out.append(
+                    finding(Code.HELD_FOREVER, seq, why, inc.ended_seq, req=inc.req, gen=inc.gen)
+                )
