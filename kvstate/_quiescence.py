@@ -1,4 +1,4 @@
-"""The end-of-run checks of the fold, run at ``engine_idle``.
+"""The end-of-run checks of the fold: at ``engine_idle``, and where the journal ends.
 
 When the engine is idle nothing may be outstanding: no job still pinning
 blocks (LEAKED_PIN), no rank that received a job without reporting it
@@ -62,3 +62,21 @@ def check_quiescent(ledger: Ledger, seq: int, out: list[Violation]) -> None:
                 out.append(
                     finding(Code.HELD_FOREVER, seq, why, inc.ended_seq, req=inc.req, gen=inc.gen)
                 )
+
+
+def check_ended(ledger: Ledger) -> list[Violation]:
+    """The journal ends here: UNFINISHED if it ends before the engine did.
+
+    The quiescence checks run only at ``engine_idle``. A journal that stops
+    elsewhere (a killed process, a truncated file, a removed tail) was never
+    checked for leaked pins, missing reports or held blocks, so it must not
+    read as plainly clean.
+    """
+    if ledger.last_kind in ("engine_idle", "engine_crashed") or ledger.last_seq is None:
+        return []
+    why = (
+        f"the journal ends at seq {ledger.last_seq} ({ledger.last_kind}) without "
+        "engine_idle or engine_crashed: the end-of-run checks (LEAKED_PIN, "
+        "MISSING_REPORT, HELD_FOREVER) did not run"
+    )
+    return [finding(Code.UNFINISHED, ledger.last_seq, why)]

@@ -10,7 +10,11 @@ violations, live or in replay.
 
 Every check runs at the record that breaks it, in one forward pass; the
 quiescence checks (leaked pins, missing reports, held blocks) run at
-``engine_idle``.
+``engine_idle``. The fold is this module and the ones it calls, each one
+concept: :mod:`kvstate.rank` (one rank's records), ``_blocks`` (refs and
+epochs), ``_reads`` (did each read see its KV), ``_quiescence`` (the
+end-of-run checks), ``_parking`` (settled state out of memory) and
+``_copies`` (snapshots and plain data).
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ from typing import Any
 
 from journal import RecordError
 
+from . import _copies
 from . import events as ev
+from ._blocks import assign, drop
+from ._blocks import block as block_state
 from ._layered import LayeredSet
 from ._parking import PARK_AFTER, SWEEP_EVERY, Parking
-from ._quiescence import check_quiescent
+from ._quiescence import check_ended, check_quiescent
 from ._reads import check_enqueued_reads, check_epochs, check_key, check_load
 from .archive import Archive
 from .codec import Entry
@@ -166,52 +173,8 @@ class Ledger:
         return found
 
     def end(self) -> list[Violation]:
-        """The journal ends here: warn if it ends before the engine did (spec section 8).
-
-        The quiescence checks run only at ``engine_idle``. A journal that
-        stops elsewhere (a killed process, a truncated file, a removed tail)
-        was never checked for leaked pins, missing reports or held blocks,
-        so it must not read as plainly clean.
-        """
-        if self.last_kind in ("engine_idle", "engine_crashed") or self.last_seq is None:
-            return []
-        return [
-            finding(
-                Code.UNFINISHED,
-                self.last_seq,
-                f"the journal ends at seq {self.last_seq} ({self.last_kind}) without "
-                "engine_idle or engine_crashed: the end-of-run checks (LEAKED_PIN, "
-                "MISSING_REPORT, HELD_FOREVER) did not run",
-            )
-        ]
-
-    # -- blocks ------------------------------------------------------------------------
-
-    def _block(self, block: int) -> BlockState:
-        state = self.blocks.get(block)
-        if state is None:
-            state = self.blocks[block] = BlockState(block)
-        return state
-
-    def _assign(self, block: int, seq: int, cached: bool, holder: str) -> None:
-        """A table takes a block; a free block not offered as a cache hit gets a new epoch."""
-        state = self._block(block)
-        if state.refs == 0 and not cached:
-            state.epoch += 1
-            state.epoch_seq = seq
-            state.epoch_holder = holder
-            state.prior_free_seq = state.freed_seq
-        state.refs += 1
-
-    def _drop(self, block: int, seq: int, out: Out, why: str) -> None:
-        state = self._block(block)
-        if state.refs == 0:
-            why = f"{why} drops block {block}, which has no holder left"
-            out.append(finding(Code.REFCOUNT_UNDERFLOW, seq, why, state.freed_seq, block=block))
-            return
-        state.refs -= 1
-        if state.refs == 0:
-            state.freed_seq = seq
+        """The journal ends here: warn if it ends before the engine did (spec section 8)."""
+        return check_ended(self)
 
     # -- requests --------------------------------------------------------------------
 
@@ -264,10 +227,10 @@ class Ledger:
         # in a replaced table never passes through refs == 0, so it keeps its
         # epoch.
         for block in event.blocks:
-            self._assign(block, seq, block in cached, holder)
+            assign(self.blocks, block, seq, block in cached, holder)
         if event.mode == "replace":
             for block in inc.table:
-                self._drop(block, seq, out, f"replacing the table of {holder}")
+                drop(self.blocks, block, seq, out, f"replacing the table of {holder}")
             inc.table = list(event.blocks)
         else:
             inc.table.extend(event.blocks)
@@ -275,7 +238,7 @@ class Ledger:
 
     def _drop_table(self, seq: int, inc: Incarnation, out: Out, why: str) -> None:
         for block in inc.table:
-            self._drop(block, seq, out, why)
+            drop(self.blocks, block, seq, out, why)
         inc.table = []
         inc.table_seq = seq
 
@@ -334,7 +297,7 @@ class Ledger:
             check_enqueued_reads(self, seq, event, inc, out)
         for block in event.pins:
             # A pin holds the block without writing it: no epoch change.
-            self._block(block).refs += 1
+            block_state(self.blocks, block).refs += 1
         blocks = self.blocks
         read_epochs = tuple(blocks[b].epoch if b in blocks else 0 for b in event.reads)
         self.jobs[event.job] = StoreJobState(
@@ -422,7 +385,7 @@ class Ledger:
             )
             out.append(finding(Code.RELEASE_ORDER, seq, why, job.enqueued_seq, of=job))
         for block in event.blocks:
-            self._drop(block, seq, out, f"releasing job {job.job}'s pins")
+            drop(self.blocks, block, seq, out, f"releasing job {job.job}'s pins")
         job.released_seq = seq
         self.pinned.pop(job.job, None)
 
@@ -492,34 +455,11 @@ class Ledger:
         if self._incarnation(seq, event.kind, event.req, event.gen, out) is not None:
             check_load(self, seq, event, out)
 
-    # -- views -------------------------------------------------------------------------
+    # -- views (written out in kvstate._copies) ---------------------------------------
 
     def snapshot(self) -> Ledger:
-        """An independent copy to fold on from (time travel keeps a few of these).
-
-        Written out rather than ``copy.deepcopy``: on a million-record journal
-        the generic copy takes seconds, this a fraction of that. Events and
-        tuples are immutable and shared; every mutable row is copied, and
-        each job's per-rank states are the very copies its rank ledger holds.
-        Parked state is copied packed (see :meth:`Archive.copy`).
-        """
-        new = Ledger(observes_workers=self.observes_workers, archive=self.archive.copy())
-        new.parking = None if self.parking is None else self.parking.copy(new)
-        new.header = self.header
-        new.requests = {req: r.copy() for req, r in self.requests.items()}
-        new.blocks = {b: s.copy() for b, s in self.blocks.items()}
-        new.ranks = {rank: rl.clone(new.jobs) for rank, rl in self.ranks.items()}
-        for job_id, job in self.jobs.items():
-            ranks = {rank: new.ranks[rank].jobs[job_id] for rank in job.ranks}
-            new.jobs[job_id] = job.copy(ranks)
-        new.last_job, new.last_job_seq = self.last_job, self.last_job_seq
-        new.step, new.records = self.step, self.records
-        new.last_seq, new.last_kind = self.last_seq, self.last_kind
-        new.crashes = list(self.crashes)
-        new.keys_missing = self.keys_missing
-        new.pinned = dict(self.pinned)
-        new.reported_once = self.reported_once.copy()
-        return new
+        """An independent copy to fold on from (time travel keeps a few of these)."""
+        return _copies.snapshot(self)
 
     def whole(self) -> Ledger:
         """This ledger with every parked job and request back in place.
@@ -527,28 +467,17 @@ class Ledger:
         For ``--at``, the inspector's exports and equality: views that must
         show history, not just live state. Costs what parking saved.
         """
-        if self.parking is None or not (self.parking.jobs or self.parking.requests):
-            return self
-        new = self.snapshot()
-        if new.parking is not None:
-            new.parking.restore_all()
-        return new
+        return _copies.whole(self)
 
-    def _state(self) -> tuple[Any, ...]:
-        """Everything the fold has folded, for equality (the dispatch table is not
-        state, and neither is where parked state happens to be kept)."""
-        return (
-            self.observes_workers, self.header, self.requests, self.blocks, self.jobs,
-            self.ranks, self.last_job, self.last_job_seq, self.step, self.records,
-            self.last_seq, self.last_kind, self.crashes, self.keys_missing, self.pinned,
-            self.archive.key_log(self.last_seq or 0), self.reported_once,
-        )  # fmt: skip
+    def to_dict(self) -> dict[str, Any]:
+        """The ledger as plain data (for ``--at`` and the inspector), parked state included."""
+        return _copies.to_dict(self)
 
     def __eq__(self, other: object) -> bool:
         """Two ledgers are equal when every piece of folded state is, parked or not."""
         if not isinstance(other, Ledger):
             return NotImplemented
-        return self.whole()._state() == other.whole()._state()
+        return _copies.folded_state(self.whole()) == _copies.folded_state(other.whole())
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
@@ -565,21 +494,3 @@ class Ledger:
         if job is None and self.parking is not None:
             job = self.parking.job(job_id)
         return job
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ledger as plain data (for ``--at`` and the inspector), parked state included."""
-        if self.parking is not None and (self.parking.jobs or self.parking.requests):
-            return self.whole().to_dict()
-        return {
-            "step": self.step,
-            "records": self.records,
-            "requests": {
-                req: {str(g): inc.to_dict() for g, inc in sorted(r.incarnations.items())}
-                for req, r in sorted(self.requests.items())
-            },
-            "blocks": {
-                str(b): s.to_dict() for b, s in sorted(self.blocks.items()) if s.refs or s.epoch
-            },
-            "jobs": {str(j): s.to_dict() for j, s in sorted(self.jobs.items())},
-            "ranks": {str(r): rl.to_dict() for r, rl in sorted(self.ranks.items())},
-        }
