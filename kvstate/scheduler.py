@@ -32,6 +32,7 @@ from . import events as ev
 from ._generations import Generations
 from .archive import Archive
 from .errors import UnknownJobError, UnknownRequestError
+from .policy import SchedulerPolicy
 from .recorder import Recorder
 from .violations import Violation, raise_for
 
@@ -68,13 +69,22 @@ class SchedulerLedger:
     audit's fold. In memory by default; a :class:`kvstate.spill.SpillArchive`
     keeps them in a temporary file, so memory follows live state however
     long the engine runs. The caller owns it (``close()`` it when done).
+
+    ``policy``: a :class:`~kvstate.policy.SchedulerPolicy` that may replace
+    the fixed decisions (the bug zoo's legacy connector); None in production.
     """
 
     def __init__(
-        self, recorder: Recorder, *, strict: bool = True, archive: Archive | None = None
+        self,
+        recorder: Recorder,
+        *,
+        strict: bool = True,
+        archive: Archive | None = None,
+        policy: SchedulerPolicy | None = None,
     ) -> None:
         self.recorder = recorder
         self.strict = strict
+        self.policy = policy
         if recorder.auditor.mode == "inline":
             # the fold runs here: it parks settled jobs and requests as replay does
             recorder.auditor.attach_scheduler(archive if archive is not None else Archive())
@@ -106,6 +116,8 @@ class SchedulerLedger:
 
     def _emit(self, event: ev.Event) -> None:
         found = self.recorder.emit(event, self.step)
+        if self.policy is not None:
+            self.policy.observe(self, event)
         if found and self.strict and any(not v.is_warning for v in found):
             # The breaching record is on disk before the exception can
             # take the process down.
@@ -168,7 +180,8 @@ class SchedulerLedger:
         on exactly this path (vLLM #43281).
         """
         gen = self.current_gen(req, "request_finished")
-        hold = self._finish_hold(req, hold)
+        if self.policy is not None:
+            hold = self.policy.finish_hold(self, req, hold)
         self._emit(ev.RequestFinished(req=req, gen=gen, hold=hold, aborted=aborted))
         if hold and self._tables.get(req):
             self._held.setdefault(req, set()).add(gen)  # the table stays until released
@@ -217,7 +230,9 @@ class SchedulerLedger:
         (vLLM #46595).
         """
         blocks = tuple(blocks)
-        mode = self._assign_mode(req, resumed)
+        mode: ev.Mode = "replace" if resumed else "append"
+        if self.policy is not None:
+            mode = self.policy.assign_mode(self, req, mode)
         self._emit(
             ev.BlocksAssigned(
                 req=req,
@@ -281,14 +296,24 @@ class SchedulerLedger:
         come after :meth:`request_finished`, with its ``reads`` and ``pins``.
         """
         gen = self._gen(req, "enqueue_store_job")
-        table = self._job_table(req)
+        # the engine's current table, whatever this step allocated
+        table = self._tables.get(req, [])
+        if self.policy is not None:
+            table = self.policy.job_table(self, req, table)
         if reads is None:
             covered = -(-token_end // self.block_size)
             reads = (*cow_blocks, *table[:covered]) if cow_blocks else table[:covered]
         if job is None:
             job = self._next_job
         self._next_job = max(self._next_job, job + 1)
-        pins = self._job_pins(cow_blocks, table) if pins is None else tuple(pins)
+        if pins is None:
+            # every block the job may read, copy-on-write tail blocks first
+            # (tuple() of a list copies it in one C call; unpacking walks it)
+            pins = (*cow_blocks, *table) if cow_blocks else tuple(table)
+            if self.policy is not None:
+                pins = self.policy.job_pins(self, req, pins)
+        else:
+            pins = tuple(pins)
         reads, keys = tuple(reads), tuple(keys)
         self._emit(
             ev.JobEnqueued(
@@ -365,6 +390,8 @@ class SchedulerLedger:
         """Every rank has finished saving ``req``. Nothing to do here: jobs hold
         their own pins, so no block waits for this signal (the legacy policy
         frees its delayed blocks at this point)."""
+        if self.policy is not None:
+            self.policy.finished_sending(self, req)
 
     @property
     def pinned_jobs(self) -> int:
@@ -378,26 +405,6 @@ class SchedulerLedger:
         stepping until every pin is released or they would be held forever.
         """
         return bool(self._pinned)
-
-    # -- policy: the decisions the upstream fixes changed --------------------------------
-    # kvstate.harness.legacy overrides these with the old behaviours, for the bug zoo.
-
-    def _assign_mode(self, req: str, resumed: bool) -> ev.Mode:
-        """Append or replace, from the engine's resumed flag only."""
-        return "replace" if resumed else "append"
-
-    def _job_table(self, req: str) -> list[int]:
-        """The table a new job reads: the engine's current one, whatever this step allocated."""
-        return self._tables.get(req, [])
-
-    def _job_pins(self, cow_blocks: Sequence[int], table: Sequence[int]) -> tuple[int, ...]:
-        """Every block the job may read, copy-on-write tail blocks first."""
-        # tuple() of a list copies it in one C call; unpacking both walks them
-        return (*cow_blocks, *table) if cow_blocks else tuple(table)
-
-    def _finish_hold(self, req: str, hold: bool) -> bool:
-        """Whether a finish keeps the table: only when the engine asks (jobs pin their own)."""
-        return hold
 
     # -- the engine --------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from . import events as ev
 from ._generations import Generations
 from .archive import Archive
 from .errors import DuplicateJobError, UnknownJobError
+from .policy import WorkerPolicy
 from .recorder import Recorder
 from .violations import Violation, raise_for
 
@@ -93,10 +94,12 @@ class WorkerLedger:
         strict: bool = True,
         commit_steps: bool = False,
         archive: Archive | None = None,
+        policy: WorkerPolicy | None = None,
     ) -> None:
         self.rank = rank
         self.recorder = recorder
         self.strict = strict
+        self.policy = policy
         #: a worker with a recorder of its own (its own process and journal)
         #: commits at each step, as the scheduler does; one sharing the
         #: scheduler's recorder leaves that to the scheduler's begin_step
@@ -129,6 +132,8 @@ class WorkerLedger:
         another exception is already unwinding: the first error wins.
         """
         found = self.recorder.emit(event, self.step)
+        if self.policy is not None:
+            self.policy.observe(self, event)
         if found and self.strict and not quiet and any(not v.is_warning for v in found):
             self.recorder.flush_before_raising()
             raise_for(found)
@@ -214,7 +219,10 @@ class WorkerLedger:
         with self._lock:
             if self._superseded(req, gen):
                 return True
-            if self._pending.get((req, gen)):
+            blocked = bool(self._pending.get((req, gen)))
+            if self.policy is not None:
+                blocked = self.policy.retire_blocked(self, req, gen, blocked)
+            if blocked:
                 return False
             self._emit(ev.RequestRetired(req=req, gen=gen, rank=self.rank))
             return True
@@ -272,7 +280,6 @@ class WorkerLedger:
         with self._lock:
             self._completed[job] = self._completed.get(job, 0) + 1
             self._emit(ev.JobReported(job=job, rank=self.rank), quiet=quiet)
-            self._after_report(job)
             spec = self._specs.pop(job, None)
             if spec is None:
                 return
@@ -299,25 +306,6 @@ class WorkerLedger:
             gen = spec.gen if newest is None else max(newest, spec.gen)
             running = self._running[spec.req] = _Running(gen, ended=True)
         return running
-
-    # -- policy: the decisions the upstream fixes changed --------------------------------
-    # kvstate.harness.legacy overrides these with the old behaviours, for the bug zoo.
-
-    def _live_at_start(self, job: int) -> bool:
-        """The dequeue check: is the job's id among its request's live jobs?"""
-        return self._is_live(job)
-
-    def _effect_allowed(self, job: int) -> bool:
-        """Effects on request state only from a job that is live right now."""
-        return self._is_live(job)
-
-    def _kv_event_parents(self, spec: JobSpec, stored: Sequence[str]) -> list[str | None]:
-        """Each stored key's parent from the request's hash chain, whatever was deduplicated."""
-        position = {key: i for i, key in enumerate(spec.keys)}
-        return [spec.keys[position[k] - 1] if position[k] else spec.parent for k in stored]
-
-    def _after_report(self, job: int) -> None:
-        """Nothing: retiring is the caller's explicit :meth:`retire`."""
 
     # -- completions -------------------------------------------------------------------
 
@@ -417,7 +405,10 @@ class JobRun:
                 self._outcome = True
                 w._emit(ev.JobSkipped(job=self.job, rank=w.rank, reason="error"))
                 return
-            self.live = w._live_at_start(self.job)
+            # the dequeue check: is the job's id among its request's live jobs?
+            self.live = w._is_live(self.job)
+            if w.policy is not None:
+                self.live = w.policy.live_at_start(w, self.job, self.live)
             if self.live:
                 w._emit(ev.JobStarted(job=self.job, rank=w.rank))
             else:
@@ -435,7 +426,10 @@ class JobRun:
         # notice may have arrived on the other thread since the job started.
         w = self.worker
         with w._lock:
-            if not w._effect_allowed(self.job):
+            allowed = w._is_live(self.job)
+            if w.policy is not None:
+                allowed = w.policy.effect_allowed(w, self.job, allowed)
+            if not allowed:
                 return False
             w._emit(event)
             state = w._effect_state(self.job)
@@ -485,7 +479,14 @@ class JobRun:
             raise UnknownJobError(
                 self.job, "publish_kv_events", "was never registered on this rank"
             )
-        for key, parent in zip(stored, self.worker._kv_event_parents(spec, stored), strict=True):
+        # each stored key's parent from the request's hash chain, whatever was deduplicated
+        position = {key: i for i, key in enumerate(spec.keys)}
+        index = [position.get(k, 0) for k in stored]  # a key outside the chain: the fold flags it
+        parents = [spec.keys[i - 1] if i else spec.parent for i in index]
+        policy = self.worker.policy
+        if policy is not None:
+            parents = policy.kv_event_parents(spec, stored, parents)
+        for key, parent in zip(stored, parents, strict=True):
             self.kv_block_stored(key, parent)
 
     # -- effects (refused for stale jobs) ------------------------------------------------

@@ -13,6 +13,7 @@ from kvstate.errors import (
     UnknownJobError,
     UnknownRequestError,
 )
+from kvstate.policy import WorkerPolicy
 from kvstate.violations import Code, UnledgeredJobError
 
 
@@ -95,10 +96,11 @@ def test_an_exception_in_the_preamble_still_reports_the_job(monkeypatch) -> None
     job = sched.enqueue_store_job("r", 0, 4, ["k"])
     worker.register(JobSpec(job, "r", 0, ("k",)))
 
-    def broken(_job: int) -> bool:
-        raise OSError("liveness lookup failed")
+    class Broken(WorkerPolicy):
+        def live_at_start(self, ledger: WorkerLedger, job: int, fixed: bool) -> bool:
+            raise OSError("liveness lookup failed")
 
-    monkeypatch.setattr(worker, "_live_at_start", broken)
+    monkeypatch.setattr(worker, "policy", Broken())
     with pytest.raises(OSError, match="liveness lookup failed"), worker.run(job):
         pytest.fail("the body must not run")
     kinds = [e.event.kind for e in (rec.entries or [])]

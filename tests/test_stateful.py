@@ -49,7 +49,7 @@ from hypothesis.stateful import (
 from journal import write_jsonl
 from kvstate import JobSpec, Ledger, Recorder, SchedulerLedger, WorkerLedger
 from kvstate.codec import to_record
-from kvstate.harness.legacy import BEFORE_52372, LegacySchedulerLedger, LegacyWorkerLedger
+from kvstate.harness.legacy import BEFORE_52372, LegacyScheduler, LegacyWorker
 from kvstate.rank import RankLedger
 from replay import replay
 
@@ -93,9 +93,12 @@ class LedgerMachine(RuleBasedStateMachine):
             self.sched = SchedulerLedger(self.rec)
             self.workers = [WorkerLedger(r, self.rec) for r in range(WORLD)]
         else:
-            self.sched = LegacySchedulerLedger(self.rec, bugs=BEFORE_52372)
+            # the old connector had no strict mode: its findings are replay's to show
+            legacy = {"strict": False}
+            self.sched = SchedulerLedger(self.rec, policy=LegacyScheduler(BEFORE_52372), **legacy)
             self.workers = [
-                LegacyWorkerLedger(r, self.rec, bugs=BEFORE_52372) for r in range(WORLD)
+                WorkerLedger(r, self.rec, policy=LegacyWorker(BEFORE_52372), **legacy)
+                for r in range(WORLD)
             ]
         self.inbox: list[deque[tuple]] = [deque() for _ in range(WORLD)]
         self.queue: list[deque[int]] = [deque() for _ in range(WORLD)]

@@ -1,10 +1,10 @@
 """The legacy policy: the store connector as it behaved before the fixes.
 
-For the bug zoo only; never for production. Each override below is the old
-code path, rewritten against our ledgers, so the journal it writes is what
-the old connector would have written. Replay must flag it; the fixed policy
-(the plain :class:`SchedulerLedger` / :class:`WorkerLedger`) running the same
-script must come out clean. ``docs/bug-zoo.md`` cites each upstream vLLM
+For the bug zoo only; never for production. Two policy objects
+(:mod:`kvstate.policy`) plug into the plain ledgers and replace the fixed
+decisions with the old code paths, so the journal written is what the old
+connector would have written. Replay must flag it; the same script without
+a policy must come out clean. ``docs/bug-zoo.md`` cites each upstream vLLM
 issue and PR.
 
 The behaviours, their upstream history, and what replay says:
@@ -27,12 +27,15 @@ The behaviours, their upstream history, and what replay says:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from kvstate import events as ev
-from kvstate.recorder import Recorder
+from kvstate.policy import SchedulerPolicy, WorkerPolicy
 from kvstate.scheduler import SchedulerLedger
 from kvstate.worker import JobSpec, WorkerLedger
+
+#: the policies a harness can run: the fixed connector, and the old one
+POLICIES = ("kvstate", "legacy")
 
 #: every old behaviour, by name (the bug zoo turns them all on)
 BUGS = frozenset(
@@ -65,151 +68,128 @@ class LegacyCrash(Exception):
     """An old ``assert`` that killed EngineCore. The engine records ``engine_crashed``."""
 
 
-class LegacySchedulerLedger(SchedulerLedger):
+class LegacyScheduler(SchedulerPolicy):
     """``MooncakeStoreScheduler`` before #43281, #46595, #52372 and #54853."""
 
-    def __init__(
-        self, recorder: Recorder, *, strict: bool = False, bugs: frozenset[str] = BUGS
-    ) -> None:
-        super().__init__(recorder, strict=strict)
+    def __init__(self, bugs: frozenset[str] = BUGS) -> None:
         self.bugs = _check(bugs)
         # One RequestTracker per request, popped at preemption (the #43281 crash).
         self._trackers: set[str] = set()
         # Connector-local preempted ids, added at preemption and never
         # cleared (#46595): the engine's resumed flag is ignored.
         self._preempted_ids: set[str] = set()
-        # This step's block-state snapshot: only requests given new blocks (#54853).
-        self._snapshot: set[str] = set()
+        # The step's block-state snapshot: only requests given new blocks
+        # (#54853), as req -> the step it last got blocks.
+        self._assigned: dict[str, int] = {}
 
-    def begin_step(self, step: int | None = None) -> int:
-        self._snapshot = set()
-        return super().begin_step(step)
+    def observe(self, ledger: SchedulerLedger, event: ev.Event) -> None:
+        kind = type(event)
+        if kind is ev.RequestAdmitted or kind is ev.RequestResumed:
+            self._trackers.add(event.req)  # type: ignore[attr-defined]
+        elif kind is ev.RequestPreempted:
+            self._trackers.discard(event.req)  # type: ignore[attr-defined]
+            self._preempted_ids.add(event.req)  # type: ignore[attr-defined]
+        elif kind is ev.RequestFinished:
+            self._trackers.discard(event.req)  # type: ignore[attr-defined]
+        elif kind is ev.BlocksAssigned:
+            self._assigned[event.req] = ledger.step  # type: ignore[attr-defined]
 
-    def admit(self, req: str, prompt_tokens: int, hashes: Sequence[str | int] | None = None) -> int:
-        gen = super().admit(req, prompt_tokens, hashes)
-        self._trackers.add(req)
-        return gen
-
-    def resume(self, req: str) -> int:
-        gen = super().resume(req)
-        self._trackers.add(req)
-        return gen
-
-    def preempt(self, req: str) -> None:
-        super().preempt(req)
-        self._trackers.discard(req)
-        self._preempted_ids.add(req)
-
-    def request_finished(self, req: str, *, hold: bool = False, aborted: bool = False) -> None:
+    def finish_hold(self, ledger: SchedulerLedger, req: str, fixed: bool) -> bool:
         if "tracker-assert" in self.bugs and req not in self._trackers:
             raise LegacyCrash("AssertionError: assert tracker is not None (request_finished)")
-        self._trackers.discard(req)
-        super().request_finished(req, hold=hold, aborted=aborted)
+        if "no-pins" not in self.bugs:
+            return fixed
+        # delay_free_blocks: only the normal finish path keeps blocks while
+        # saves are outstanding; preemption has no such hook.
+        return fixed or ledger.outstanding(req)
 
-    finish = request_finished
-
-    def assign_blocks(
-        self, req: str, blocks: Iterable[int], *, resumed: bool, cached: Iterable[int] = ()
-    ) -> None:
-        super().assign_blocks(req, blocks, resumed=resumed, cached=cached)
-        self._snapshot.add(req)
-
-    def finished_sending(self, req: str) -> None:
+    def finished_sending(self, ledger: SchedulerLedger, req: str) -> None:
         """The worker reported ``req`` done: the delayed free finally happens."""
-        self.current_gen(req, "finished_sending")
-        for gen in self.held_generations(req):
-            self.release_held(req, gen)
+        ledger.current_gen(req, "finished_sending")
+        for gen in ledger.held_generations(req):
+            ledger.release_held(req, gen)
 
-    # -- the old decisions ---------------------------------------------------------------
-
-    def _assign_mode(self, req: str, resumed: bool) -> ev.Mode:
+    def assign_mode(self, ledger: SchedulerLedger, req: str, fixed: ev.Mode) -> ev.Mode:
         if "local-preempted-set" not in self.bugs:
-            return super()._assign_mode(req, resumed)
+            return fixed
         return "replace" if req in self._preempted_ids else "append"
 
-    def _job_table(self, req: str) -> list[int]:
-        if "new-blocks-snapshot" in self.bugs and req not in self._snapshot:
+    def job_table(self, ledger: SchedulerLedger, req: str, fixed: list[int]) -> list[int]:
+        if "new-blocks-snapshot" in self.bugs and self._assigned.get(req) != ledger.step:
             raise LegacyCrash(
                 f"AssertionError: no block ids for {req} in kv_connector_block_state "
                 "(a block filled on a step that allocated none)"
             )
-        return super()._job_table(req)
+        return fixed
 
-    def _job_pins(self, cow_blocks: Sequence[int], table: Sequence[int]) -> tuple[int, ...]:
+    def job_pins(
+        self, ledger: SchedulerLedger, req: str, fixed: tuple[int, ...]
+    ) -> tuple[int, ...]:
         if "no-pins" not in self.bugs:
-            return super()._job_pins(cow_blocks, table)
+            return fixed
         return ()  # nothing pins a job's blocks: preemption frees them under the PUT
 
-    def _finish_hold(self, req: str, hold: bool) -> bool:
-        if "no-pins" not in self.bugs:
-            return super()._finish_hold(req, hold)
-        # delay_free_blocks: only the normal finish path keeps blocks while
-        # saves are outstanding; preemption has no such hook.
-        return hold or self.outstanding(req)
 
-
-class LegacyWorkerLedger(WorkerLedger):
+class LegacyWorker(WorkerPolicy):
     """``KVCacheStoreSendingThread`` before #52372 and #52466."""
 
-    def __init__(
-        self, rank: int, recorder: Recorder, *, strict: bool = False, bugs: frozenset[str] = BUGS
-    ) -> None:
-        super().__init__(rank, recorder, strict=strict)
+    def __init__(self, bugs: frozenset[str] = BUGS) -> None:
         self.bugs = _check(bugs)
         # req_id -> jobs queued: the counter of #51637. A request id is reused
         # after resume, so an old generation's job decrements the new one.
         self._count: dict[str, int] = {}
 
-    def register(self, spec: JobSpec) -> None:
-        with self._lock:
-            super().register(spec)
-            self._count[spec.req] = self._count.get(spec.req, 0) + 1
+    def observe(self, ledger: WorkerLedger, event: ev.Event) -> None:
+        kind = type(event)
+        if kind is ev.JobReceived or kind is ev.JobReported:
+            spec = ledger.spec(event.job)  # type: ignore[attr-defined]
+            if spec is None:
+                return
+            if kind is ev.JobReceived:
+                self._count[spec.req] = self._count.get(spec.req, 0) + 1
+            elif "req-id-counter" in self.bugs and spec.req in self._count:
+                self._count[spec.req] -= 1
+        elif kind is ev.PreemptionSeen or kind is ev.RequestRetired:
+            self._count.pop(event.req, None)  # type: ignore[attr-defined]
 
-    def preemption_seen(self, req: str, gen: int) -> None:
-        with self._lock:
-            super().preemption_seen(req, gen)
-            self._count.pop(req, None)
-
-    def retire(self, req: str, gen: int) -> bool:
+    def retire_blocked(self, ledger: WorkerLedger, req: str, gen: int, fixed: bool) -> bool:
         """``finished_sending`` once the request's counter reaches zero."""
         if "req-id-counter" not in self.bugs:
-            return super().retire(req, gen)
-        with self._lock:
-            if self._superseded(req, gen):
-                return True
-            if self._count.get(req, 0) > 0:
-                return False
-            self._count.pop(req, None)
-            self._emit(ev.RequestRetired(req=req, gen=gen, rank=self.rank))
-            return True
+            return fixed
+        return self._count.get(req, 0) > 0
 
-    def _live_at_start(self, job: int) -> bool:
+    def live_at_start(self, ledger: WorkerLedger, job: int, fixed: bool) -> bool:
         if "req-id-counter" not in self.bugs:
-            return super()._live_at_start(job)
-        spec = self.spec(job)
+            return fixed
+        spec = ledger.spec(job)
         return spec is not None and spec.req in self._count
 
-    def _effect_allowed(self, job: int) -> bool:
+    def effect_allowed(self, ledger: WorkerLedger, job: int, fixed: bool) -> bool:
         if self.bugs.isdisjoint({"req-id-counter", "unguarded-effects"}):
-            return super()._effect_allowed(job)
+            return fixed
         return True
 
-    def _kv_event_parents(self, spec: JobSpec, stored: Sequence[str]) -> list[str | None]:
+    def kv_event_parents(
+        self, spec: JobSpec, stored: Sequence[str], fixed: list[str | None]
+    ) -> list[str | None]:
         if "store-order-parents" not in self.bugs:
-            return super()._kv_event_parents(spec, stored)
+            return fixed
         # The previous key *stored in this batch*: after dedup skipped the
         # prefix, the first stored key is published as a root.
         return [None, *stored[:-1]] if stored else []
 
-    def _after_report(self, job: int) -> None:
-        if "req-id-counter" not in self.bugs:
-            return
-        spec = self.spec(job)
-        if spec is not None and spec.req in self._count:
-            self._count[spec.req] -= 1
+
+def scheduler_policy(name: str, bugs: frozenset[str] = BUGS) -> LegacyScheduler | None:
+    """The scheduler policy of a harness run: None for ``kvstate`` (the fixed connector)."""
+    return LegacyScheduler(bugs) if _is_legacy(name) else None
 
 
-POLICIES: dict[str, tuple[type[SchedulerLedger], type[WorkerLedger]]] = {
-    "kvstate": (SchedulerLedger, WorkerLedger),
-    "legacy": (LegacySchedulerLedger, LegacyWorkerLedger),
-}
+def worker_policy(name: str, bugs: frozenset[str] = BUGS) -> LegacyWorker | None:
+    """The worker policy of a harness run, one per rank: None for ``kvstate``."""
+    return LegacyWorker(bugs) if _is_legacy(name) else None
+
+
+def _is_legacy(name: str) -> bool:
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}: choose from {', '.join(POLICIES)}")
+    return name == "legacy"

@@ -23,9 +23,10 @@ import attrs
 from kvstate import events as ev
 from kvstate.ledger import Ledger
 from kvstate.recorder import Recorder
+from kvstate.scheduler import SchedulerLedger
 from kvstate.worker import JobSpec, WorkerLedger
 
-from .legacy import POLICIES, LegacyCrash
+from .legacy import LegacyCrash, scheduler_policy, worker_policy
 
 BLOCK_SIZE = 4
 
@@ -34,10 +35,12 @@ class Stage:
     """A scripted engine driving the ledgers of one policy."""
 
     def __init__(self, policy: str, recorder: Recorder, *, world_size: int, pool: int) -> None:
-        scheduler_cls, worker_cls = POLICIES[policy]
         self.recorder = recorder
-        self.sched = scheduler_cls(recorder, strict=False)
-        self.workers = [worker_cls(r, recorder, strict=False) for r in range(world_size)]
+        self.sched = SchedulerLedger(recorder, strict=False, policy=scheduler_policy(policy))
+        self.workers = [
+            WorkerLedger(r, recorder, strict=False, policy=worker_policy(policy))
+            for r in range(world_size)
+        ]
         self.pool = pool
         self.content: dict[int, str] = {}  # block -> the KV it holds, as a fingerprint
         self.store: dict[str, str] = {}  # key -> value; the first put of a key wins

@@ -32,7 +32,13 @@ import attrs
 from journal import Journal
 from kvstate import events as ev
 from kvstate.codec import Entry, from_stored
-from kvstate.harness.legacy import BEFORE_52372, POLICIES, LegacyCrash
+from kvstate.harness.legacy import (
+    BEFORE_52372,
+    POLICIES,
+    LegacyCrash,
+    scheduler_policy,
+    worker_policy,
+)
 from kvstate.ledger import Ledger
 from kvstate.recorder import Recorder
 from kvstate.scheduler import SchedulerLedger
@@ -238,12 +244,11 @@ class Simulation:
         self.store_failed: st.StoreError | None = None
         self.memory = memory or HostBlocks(config.blocks, config.block_bytes, config.world_size)
         self.pool = BlockPool(config.blocks)
-        scheduler_cls, worker_cls = POLICIES[config.policy]
-        # The legacy ledgers take the set of old behaviours to run with.
-        policy: dict[str, Any] = (
-            {"bugs": frozenset(config.legacy_bugs)} if config.policy == "legacy" else {}
+        # The legacy policy runs with the set of old behaviours the config names.
+        bugs = frozenset(config.legacy_bugs)
+        self.sched_ledger = SchedulerLedger(
+            self.recorder, strict=False, policy=scheduler_policy(config.policy, bugs)
         )
-        self.sched_ledger: SchedulerLedger = scheduler_cls(self.recorder, strict=False, **policy)
         self.engine = EngineScheduler(
             self.pool,
             self.memory,
@@ -275,7 +280,9 @@ class Simulation:
         self.workers = [
             StoreConnectorWorker(
                 rank,
-                worker_cls(rank, self.recorder, strict=False, **policy),
+                WorkerLedger(
+                    rank, self.recorder, strict=False, policy=worker_policy(config.policy, bugs)
+                ),
                 self.stores[rank],
                 self.memory,
                 model=config.model,
