@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 import attrs
 
 from . import events as ev
 from ._generations import Generations
 from .archive import Archive
-from .errors import DuplicateJobError, UnknownJobError
+from .errors import DuplicateJobError
+from .jobrun import JobRun, _Run
 from .policy import WorkerPolicy
 from .recorder import Recorder
 from .violations import Violation, raise_for
@@ -67,10 +68,6 @@ class _Running:
         #: only for an effect written on an ended generation (the legacy
         #: policy's unguarded effects): the fold keeps that state, so do we
         self.ended = ended
-
-
-class _Skip(Exception):
-    """Raised by :meth:`JobRun.skip` to leave the job body; swallowed by ``run``."""
 
 
 class WorkerLedger:
@@ -323,205 +320,3 @@ class WorkerLedger:
             for job, count in meta.items():
                 total[job] = total.get(job, 0) + count
         return total
-
-
-class _Run:
-    """One job from dequeue to report, as a context manager.
-
-    :meth:`__exit__`'s ``finally`` is the one exit every path passes, the
-    liveness check included (a failing check in :meth:`__enter__` goes
-    through it too): upstream leaked a job's pins when an exception hit
-    between dequeue and the ``try`` (the #52372 review moved the ``try`` to
-    the top for that reason). A class, not ``contextlib.contextmanager``:
-    a generator per job on every rank was a third of what a job cost here.
-    """
-
-    __slots__ = ("run",)
-
-    def __init__(self, worker: WorkerLedger, job: int) -> None:
-        self.run = JobRun(worker, job)
-
-    def __enter__(self) -> JobRun:
-        try:
-            self.run._start()
-        except BaseException as exc:
-            self.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        return self.run
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> bool:
-        run = self.run
-        worker, job = run.worker, run.job
-        unwinding = kind is not None and not issubclass(kind, _Skip)
-        try:
-            if unwinding and not run._outcome:
-                with worker._lock:
-                    worker._emit(
-                        ev.JobSkipped(job=job, rank=worker.rank, reason="error"), quiet=True
-                    )
-            return kind is not None and not unwinding  # a skip leaves the body quietly
-        finally:
-            # A job that is never reported keeps its pins for the rest of the run.
-            worker._report(job, quiet=unwinding)
-            if unwinding:
-                worker.recorder.flush_before_raising()
-
-
-class JobRun:
-    """One job on one rank, from dequeue to report (made by :meth:`WorkerLedger.run`).
-
-    Entering checks liveness: a live job records ``job_started``; a stale one
-    records ``job_skipped`` (``stale``) and the body must do nothing (check
-    :attr:`live`). Leaving always records ``job_reported``, exactly once,
-    whatever happened inside, the liveness check included; an exception is
-    recorded as a skip with reason ``error`` (unless a put outcome was
-    already recorded) and then propagates. A job that was never registered
-    on this rank is skipped with reason ``error`` and flagged
-    ``UNLEDGERED_JOB``, as replay flags it.
-
-    ::
-
-        with worker.run(job) as run:
-            if not run.live:
-                return
-            run.dma_started()
-            ...
-            run.put_done(stored=2, existed=0)
-            run.save_offset(32)
-    """
-
-    def __init__(self, worker: WorkerLedger, job: int) -> None:
-        self.worker = worker
-        self.job = job
-        self.live = False
-        self._outcome = False  # a skip or a put result has been recorded
-
-    def _start(self) -> None:
-        w = self.worker
-        with w._lock:
-            if w.spec(self.job) is None:
-                self._outcome = True
-                w._emit(ev.JobSkipped(job=self.job, rank=w.rank, reason="error"))
-                return
-            # the dequeue check: is the job's id among its request's live jobs?
-            self.live = w._is_live(self.job)
-            if w.policy is not None:
-                self.live = w.policy.live_at_start(w, self.job, self.live)
-            if self.live:
-                w._emit(ev.JobStarted(job=self.job, rank=w.rank))
-            else:
-                self._outcome = True
-                w._emit(ev.JobSkipped(job=self.job, rank=w.rank, reason="stale"))
-
-    def _record(self, event: ev.Event) -> None:
-        with self.worker._lock:
-            self.worker._emit(event)
-
-    def _effect(self, event: ev.Event, offset: int | None = None, retry: object = False) -> bool:
-        """Record an effect if the job may make it, and apply it to the rank's state:
-        ``offset`` a saved offset, ``retry`` the retry state (False: unchanged)."""
-        # Liveness is re-checked at the moment of the effect: a preemption
-        # notice may have arrived on the other thread since the job started.
-        w = self.worker
-        with w._lock:
-            allowed = w._is_live(self.job)
-            if w.policy is not None:
-                allowed = w.policy.effect_allowed(w, self.job, allowed)
-            if not allowed:
-                return False
-            w._emit(event)
-            state = w._effect_state(self.job)
-            if state is not None:
-                if offset is not None:
-                    state.offset = offset
-                if retry is not False:
-                    state.retry = retry  # type: ignore[assignment]
-            return True
-
-    # -- the transfer ------------------------------------------------------------------
-
-    def skip(self, reason: ev.SkipReason) -> None:
-        """End the job without a store call (``pressure``, ``empty``, ...); leaves the body."""
-        self._outcome = True
-        self._record(ev.JobSkipped(job=self.job, rank=self.worker.rank, reason=reason))
-        raise _Skip
-
-    def dma_started(self) -> None:
-        self._record(ev.DmaStarted(job=self.job, rank=self.worker.rank))
-
-    def dma_done(self, digest: str | int | None = None) -> None:
-        self._record(ev.DmaDone(job=self.job, rank=self.worker.rank, digest=digest))
-
-    def put_done(self, stored: int, existed: int) -> None:
-        self._outcome = True
-        self._record(
-            ev.PutDone(job=self.job, rank=self.worker.rank, stored=stored, existed=existed)
-        )
-
-    def put_failed(self, error: str) -> None:
-        self._outcome = True
-        self._record(ev.PutFailed(job=self.job, rank=self.worker.rank, error=error))
-
-    def kv_block_stored(self, key: str, parent: str | None) -> None:
-        self._record(ev.KvBlockStored(job=self.job, rank=self.worker.rank, key=key, parent=parent))
-
-    def publish_kv_events(self, stored: Sequence[str]) -> None:
-        """One KV event per key this rank actually stored (in chain order).
-
-        Parents come from the request's hash chain: when the store already
-        had some keys (dedup) the first stored key is not a root, which a
-        parent taken from store order would claim.
-        """
-        spec = self.worker.spec(self.job)
-        if spec is None:
-            raise UnknownJobError(
-                self.job, "publish_kv_events", "was never registered on this rank"
-            )
-        # each stored key's parent from the request's hash chain, whatever was deduplicated
-        position = {key: i for i, key in enumerate(spec.keys)}
-        index = [position.get(k, 0) for k in stored]  # a key outside the chain: the fold flags it
-        parents = [spec.keys[i - 1] if i else spec.parent for i in index]
-        policy = self.worker.policy
-        if policy is not None:
-            parents = policy.kv_event_parents(spec, stored, parents)
-        for key, parent in zip(stored, parents, strict=True):
-            self.kv_block_stored(key, parent)
-
-    # -- effects (refused for stale jobs) ------------------------------------------------
-
-    @property
-    def _req(self) -> str:
-        spec = self.worker.spec(self.job)
-        if spec is None:
-            raise UnknownJobError(self.job, "JobRun effect", "was never registered on this rank")
-        return spec.req
-
-    def save_offset(self, offset: int) -> bool:
-        """Advance this rank's resume offset for the request; False if the job is stale."""
-        return self._effect(
-            ev.OffsetSaved(job=self.job, rank=self.worker.rank, req=self._req, offset=offset),
-            offset=offset,
-        )
-
-    def mark_skipped(self) -> bool:
-        """Mark the request skipped under pressure; False if the job is stale."""
-        return self._effect(
-            ev.RequestMarkedSkipped(job=self.job, rank=self.worker.rank, req=self._req)
-        )
-
-    def set_retry_tokens(self, start: int, count: int) -> bool:
-        """Keep a token suffix for a KV-event retry; False if the job is stale."""
-        return self._effect(
-            ev.RetryTokensSet(
-                job=self.job, rank=self.worker.rank, req=self._req, start=start, count=count
-            ),
-            retry=(start, count),
-        )
-
-    def clear_retry_tokens(self) -> bool:
-        """Drop the retry state; False if the job is stale."""
-        return self._effect(
-            ev.RetryTokensCleared(job=self.job, rank=self.worker.rank, req=self._req), retry=None
-        )
