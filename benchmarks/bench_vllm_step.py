@@ -16,6 +16,7 @@ import os
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from kvstate.harness.live.master import MooncakeMaster
 from kvstate.harness.vllm import venvs
@@ -33,6 +34,28 @@ WORKLOAD = {
     "watchdog": 600,
     "round2": False,
 }
+
+
+def profiled_run(release: str = "0.32.0") -> dict[str, Any] | None:
+    """One journaled run with the engine thread's CPU split between kvstate and vLLM
+    (:mod:`kvstate.harness.vllm.cpu_profile`); None when the venv is not built."""
+    venv = venvs.venv_path(ROOT, release)
+    if not venvs.is_ready(venv, release):
+        return None
+    with tempfile.TemporaryDirectory(prefix="kvstate-bench-") as tmp, MooncakeMaster() as address:
+        work = Path(tmp)
+        env = {**os.environ, **store_env(address, work / "mooncake.json")}
+        cfg = {
+            **WORKLOAD,
+            "model": str(work / "model"),
+            "mode": "journal",
+            "journal_dir": str(work / "journals"),
+            "fingerprint": False,  # an audit, off by default (measured above)
+            "profile": True,
+        }
+        result = run_engine(venvs.python_of(venv), cfg, work, "profiled", env, 900)
+    profile: dict[str, Any] = result["profile"]
+    return profile
 
 
 def main() -> int:

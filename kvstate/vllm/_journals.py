@@ -38,11 +38,31 @@ def journal_dir(vllm_config: Any = None) -> Path:
 def open_journal(
     folder: Path, role: str, *, block_size: int, world_size: int, engine: str
 ) -> Recorder:
-    """A new journal ``folder/{role}-{pid}.db``; an existing file is never reused."""
+    """A new journal ``folder/{role}-{pid}.db``; an existing file is never reused.
+
+    Written by a writer process (:class:`journal.ProcessWriter`): vLLM's
+    thread only encodes one blob per group commit and writes it to a pipe,
+    so SQLite, the hash chain and the audit never hold vLLM's GIL. A
+    scheduler's journal is audited there as it is written (the fold of a
+    scheduler that cannot see the ranks' records); a rank's journal names
+    jobs whose specs it never writes, so ``kvstate replay`` of the merged
+    journals judges it. If vLLM's process is killed, the writer still writes
+    every commit it was handed and ends the journal with ``engine_crashed``.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{role}-{os.getpid()}.db"
     if path.exists():
         raise FileExistsError(f"{path}: a journal of this process and role already exists")
-    return Recorder.open(
-        path, block_size=block_size, world_size=world_size, policy="vllm", engine=engine
+    scheduler = role == "scheduler"
+    recorder = Recorder.open(
+        path,
+        block_size=block_size,
+        world_size=world_size,
+        policy="vllm",
+        engine=engine,
+        process=True,
+        audit="commit" if scheduler else "off",
     )
+    if scheduler:
+        recorder.auditor.attach_scheduler()
+    return recorder

@@ -104,11 +104,21 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"mode": mode, "round1": {}, "round2": {}}
     started = time.monotonic()
     journaled = mode == "journal"
+    profiled = None  # a cpu_profile.Attribution when the config asks for one
     if mode != "reference":
         if journaled:
             import kvstate.vllm
 
-            kvstate.vllm.install(cfg["journal_dir"], fingerprint=cfg.get("fingerprint", True))
+            if cfg.get("profile"):
+                from kvstate.harness.vllm import cpu_profile
+
+                profiled = cpu_profile.instrument(
+                    cfg["journal_dir"],
+                    fingerprint=cfg.get("fingerprint", True),
+                    detail=cfg["profile"] == "detail",
+                )[0]
+            else:
+                kvstate.vllm.install(cfg["journal_dir"], fingerprint=cfg.get("fingerprint", True))
         if cfg.get("put_delay", 0) > 0:
             _slow_puts(float(cfg["put_delay"]))
 
@@ -197,6 +207,10 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         import kvstate.vllm
 
         result["audit"] = kvstate.vllm.finish()
+        if profiled is not None:
+            from kvstate.harness.vllm import cpu_profile
+
+            result["profile"] = cpu_profile.summary(profiled)
     result["seconds"] = round(time.monotonic() - started, 1)
     return result
 

@@ -1,0 +1,244 @@
+"""Whose CPU the engine thread spends: kvstate's observer, or vLLM's scheduler and connector.
+
+The benchmark row this feeds compares kvstate's CPU on vLLM's engine thread
+with what vLLM itself spends scheduling there (its scheduler and its store
+connector), per engine step, in one run. That ratio is what holds on a GPU,
+where the model's forward pass no longer hides either.
+
+It is measured by exclusive attribution, not sampling: every function of
+interest is wrapped, each wrapper reads the thread's CPU clock
+(``time.thread_time_ns``) on the way in and out, and a per-thread stack
+charges each stretch of CPU time to the innermost category running. vLLM's
+``Scheduler.schedule`` and ``update_from_output`` and every method of the
+connector's classes are ``vllm``; the patches :func:`kvstate.vllm.install`
+puts around them are ``kvstate``. So a kvstate patch inside vLLM's
+scheduler is charged to kvstate, and vLLM's own method inside the patch
+back to vLLM. What the wrappers themselves cost (two reads of the thread's
+clock and the bookkeeping, about a microsecond a call) is measured in the
+same process before the run and taken out of each side by its call count.
+
+Used by :mod:`kvstate.harness.vllm.engine` when a run's config asks for
+``profile``; never part of :mod:`kvstate.vllm`.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import types
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from typing import Any
+
+_clock = time.thread_time_ns
+#: the call that begins an engine step
+_STEP = "vllm:Scheduler.schedule"
+
+
+class Attribution:
+    """CPU nanoseconds by (category, thread), exclusive of nested categories."""
+
+    def __init__(self, *, warmup: int = 0) -> None:
+        #: engine steps not counted: what runs once per process (opening the
+        #: journals, registering KV caches) must not be charged to every step
+        self.warmup = warmup
+        self.steps = 0
+        self.ns: Counter[tuple[str, str]] = Counter()
+        #: wrapped calls by (category, thread), and calls nested directly in them
+        self.calls: Counter[tuple[str, str]] = Counter()
+        self.nested: Counter[tuple[str, str]] = Counter()
+        #: exclusive nanoseconds by ``category:qualified name``, every thread
+        self.by_name: Counter[str] = Counter()
+        #: wrapper costs charged to each name, in units of one wrapper's own cost
+        self.name_calls: defaultdict[str, float] = defaultdict(float)
+        #: what one wrapper charges to its own category, and to its caller's
+        self.own_ns = 0.0
+        self.leak_ns = 0.0
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._wrapped: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, category: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function``, charging the CPU it spends (less nested categories) to ``category``."""
+        local = self._local
+        ns, calls, nested, by_name = self.ns, self.calls, self.nested, self.by_name
+        name_calls = self.name_calls
+        lock = self._lock
+        name = f"{category}:{function.__qualname__}"
+
+        def charged(*args: Any, **kwargs: Any) -> Any:
+            stack = local.__dict__.get("stack")
+            if stack is None:
+                stack = local.stack = []
+                local.thread = threading.current_thread().name
+            now = _clock()
+            thread = local.thread
+            if stack:
+                outer = stack[-1]
+                with lock:
+                    ns[(outer[0], thread)] += now - outer[1]
+                    by_name[outer[2]] += now - outer[1]
+                    nested[(outer[0], thread)] += 1
+                    name_calls[outer[2]] += self.leak_ns / max(self.own_ns, 1.0)
+            if name == _STEP:
+                self._step()
+            frame: list[Any] = [category, now, name]
+            stack.append(frame)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                end = _clock()
+                stack.pop()
+                with lock:
+                    ns[(category, thread)] += end - frame[1]
+                    by_name[name] += end - frame[1]
+                    calls[(category, thread)] += 1
+                    name_calls[name] += 1
+                if stack:
+                    stack[-1][1] = end
+
+        return functools.wraps(function)(charged)
+
+    def calibrate(self, rounds: int = 20000) -> None:
+        """Measure what a wrapper costs, so :meth:`on_thread` can take it out.
+
+        Two empty functions, one wrapped in the other: the inner one's
+        exclusive time is one wrapper's own cost (two clock reads and the
+        bookkeeping), the outer one's is that plus what a nested wrapper
+        leaves to its caller.
+        """
+        probe = Attribution()
+
+        def empty() -> None:
+            return None
+
+        outer = probe.wrap("outer", probe.wrap("inner", empty))
+        for _ in range(rounds):
+            outer()
+        thread = threading.current_thread().name
+        self.own_ns = probe.ns[("inner", thread)] / rounds
+        self.leak_ns = max(0.0, probe.ns[("outer", thread)] / rounds - self.own_ns)
+
+    def _step(self) -> None:
+        self.steps += 1
+        if self.steps == self.warmup + 1:
+            with self._lock:  # the counts so far were the warm-up's
+                self.ns.clear()
+                self.calls.clear()
+                self.nested.clear()
+                self.by_name.clear()
+                self.name_calls.clear()
+
+    def patch(self, owner: Any, name: str, category: str) -> None:
+        """Replace ``owner.name`` by its charged version (undone by :meth:`restore`)."""
+        self._wrapped.append((owner, name, owner.__dict__.get(name)))
+        setattr(owner, name, self.wrap(category, getattr(owner, name)))
+
+    def restore(self) -> None:
+        while self._wrapped:
+            owner, name, original = self._wrapped.pop()
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+
+    def on_thread(self, thread: str) -> dict[str, float]:
+        """Nanoseconds by category on one thread, less what the wrappers cost."""
+        return {
+            cat: max(
+                0.0, n - self.own_ns * self.calls[(cat, t)] - self.leak_ns * self.nested[(cat, t)]
+            )
+            for (cat, t), n in self.ns.items()
+            if t == thread
+        }
+
+
+def _methods(cls: type) -> list[str]:
+    """The plain functions a class defines itself (not inherited, not dunder,
+    not static or class methods, which a wrapper would turn into methods)."""
+    return [
+        name
+        for name, value in vars(cls).items()
+        if isinstance(value, types.FunctionType) and not name.startswith("__")
+    ]
+
+
+def instrument(
+    journal_dir: str, *, fingerprint: bool, warmup: int = 50, detail: bool = False
+) -> tuple[Attribution, Callable[[], None]]:
+    """Install kvstate's observer with vLLM's side and kvstate's side charged apart.
+
+    Returns the attribution and a function that puts every method back.
+    The first ``warmup`` steps are not counted. ``detail`` also charges
+    kvstate's own layers by name (observers, recorder, pipe), for a
+    breakdown of the kvstate side; it adds wrappers, not CPU to either side.
+    vLLM's methods are wrapped first, so kvstate's patches wrap the charged
+    versions; then each of kvstate's patches is wrapped in turn.
+    """
+    import kvstate.vllm
+    from kvstate.vllm import _install
+    from kvstate.vllm._compat import detect
+
+    prof = Attribution(warmup=warmup)
+    prof.calibrate()
+    connector = detect()
+    classes = [
+        connector.cls("connector", "MooncakeStoreConnector"),
+        connector.cls("scheduler", "MooncakeStoreScheduler"),
+        connector.cls("worker", "MooncakeStoreWorker"),
+    ]
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    for name in ("schedule", "update_from_output"):
+        prof.patch(Scheduler, name, "vllm")
+    for cls in classes:
+        for name in _methods(cls):
+            prof.patch(cls, name, "vllm")
+    kvstate.vllm.install(journal_dir, fingerprint=fingerprint)
+    for owner, name, _original in list(_install._patched):
+        # the engine thread's patches (the sending thread's are apart; a
+        # constructor runs once)
+        if owner in classes and not name.startswith("__"):
+            prof.patch(owner, name, "kvstate")
+
+    if detail:
+        # kvstate's own layers, for a breakdown of the kvstate side (by_name)
+        from journal.process_writer import ProcessWriter
+        from kvstate.recorder import Recorder
+        from kvstate.vllm._commit import GroupCommit
+        from kvstate.vllm._scheduler import SchedulerObserver
+        from kvstate.vllm._worker import WorkerObserver
+
+        for cls in (SchedulerObserver, WorkerObserver, GroupCommit):
+            for name in _methods(cls):
+                prof.patch(cls, name, "kvstate")
+        prof.patch(Recorder, "record", "kvstate")
+        prof.patch(ProcessWriter, "_send", "kvstate")
+        prof.patch(_install, "_observe", "kvstate")
+
+    def undo() -> None:
+        kvstate.vllm.uninstall()
+        prof.restore()
+
+    return prof, undo
+
+
+def summary(prof: Attribution) -> dict[str, Any]:
+    """The engine thread's split, per step: what the benchmark row reports."""
+    steps = prof.steps - prof.warmup
+    per_name = {
+        name: round((n - prof.own_ns * prof.name_calls[name]) / 1000 / max(steps, 1), 1)
+        for name, n in prof.by_name.items()
+    }
+    main = prof.on_thread("MainThread")
+    kv, vl = main.get("kvstate", 0), main.get("vllm", 0)
+    return {
+        "steps": steps,
+        "warmup_steps": prof.warmup,
+        "kvstate_us_per_step": round(kv / 1000 / max(steps, 1), 1),
+        "vllm_us_per_step": round(vl / 1000 / max(steps, 1), 1),
+        "ratio": round(kv / vl, 4) if vl else None,
+        "wrapper_ns": round(prof.own_ns + prof.leak_ns),
+        "top_us_per_step": dict(sorted(per_name.items(), key=lambda kv: -kv[1])[:14]),
+    }
