@@ -34,6 +34,8 @@ from typing import Any
 _clock = time.thread_time_ns
 #: the call that begins an engine step
 _STEP = "vllm:Scheduler.schedule"
+#: engine steps between two samples of what a wrapper costs
+CALIBRATE_EVERY = 100
 
 
 class Attribution:
@@ -55,6 +57,7 @@ class Attribution:
         #: what one wrapper charges to its own category, and to its caller's
         self.own_ns = 0.0
         self.leak_ns = 0.0
+        self._samples: list[tuple[float, float]] = []
         self._local = threading.local()
         self._lock = threading.Lock()
         self._wrapped: list[tuple[Any, str, Any]] = []
@@ -83,6 +86,7 @@ class Attribution:
                     name_calls[outer[2]] += self.leak_ns / max(self.own_ns, 1.0)
             if name == _STEP:
                 self._step()
+                now = _clock()  # a calibration sample in _step is nobody's
             frame: list[Any] = [category, now, name]
             stack.append(frame)
             try:
@@ -106,7 +110,9 @@ class Attribution:
         Two empty functions, one wrapped in the other: the inner one's
         exclusive time is one wrapper's own cost (two clock reads and the
         bookkeeping), the outer one's is that plus what a nested wrapper
-        leaves to its caller.
+        leaves to its caller. During a run this is sampled again every
+        :data:`CALIBRATE_EVERY` steps, under the run's own load (a clock
+        read costs more on a busy machine), and the samples are averaged.
         """
         probe = Attribution()
 
@@ -117,8 +123,12 @@ class Attribution:
         for _ in range(rounds):
             outer()
         thread = threading.current_thread().name
-        self.own_ns = probe.ns[("inner", thread)] / rounds
-        self.leak_ns = max(0.0, probe.ns[("outer", thread)] / rounds - self.own_ns)
+        own = probe.ns[("inner", thread)] / rounds
+        leak = max(0.0, probe.ns[("outer", thread)] / rounds - own)
+        self._samples.append((own, leak))
+        in_run = self._samples[1:] or self._samples  # the first was taken before the run
+        self.own_ns = sum(o for o, _ in in_run) / len(in_run)
+        self.leak_ns = sum(x for _, x in in_run) / len(in_run)
 
     def _step(self) -> None:
         self.steps += 1
@@ -129,6 +139,8 @@ class Attribution:
                 self.nested.clear()
                 self.by_name.clear()
                 self.name_calls.clear()
+        elif self.steps > self.warmup and self.steps % CALIBRATE_EVERY == 0 and self._samples:
+            self.calibrate(rounds=300)
 
     def patch(self, owner: Any, name: str, category: str) -> None:
         """Replace ``owner.name`` by its charged version (undone by :meth:`restore`)."""
@@ -216,6 +228,15 @@ def instrument(
         prof.patch(Recorder, "record", "kvstate")
         prof.patch(ProcessWriter, "_send", "kvstate")
         prof.patch(_install, "_observe", "kvstate")
+        import journal.process_writer as pw
+
+        for module_name in ("os", "signal"):  # the pipe write and the held signals
+            module = getattr(pw, module_name)
+            proxy = types.SimpleNamespace(**vars(module))
+            for fn in ("write", "pthread_sigmask"):
+                if hasattr(module, fn):
+                    setattr(proxy, fn, prof.wrap("kvstate", getattr(module, fn)))
+            setattr(pw, module_name, proxy)
 
     def undo() -> None:
         kvstate.vllm.uninstall()
