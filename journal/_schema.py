@@ -76,14 +76,14 @@ def check(conn: sqlite3.Connection, path: str) -> None:
     """Refuse a database that is not a journal of a version we can read."""
     try:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
         raise JournalError(f"{path}: not a journal database ({exc})") from exc
     if TABLE not in names or "schema_version" not in names:
         raise JournalError(f"{path}: not a kvstate journal (no '{TABLE}' table)")
     try:
         columns = {r[1] for r in conn.execute(f"PRAGMA table_info({TABLE})")}
         row = conn.execute("SELECT version FROM schema_version").fetchone()
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
         raise JournalError(f"{path}: not a readable journal database ({exc})") from exc
     if not columns >= _COLUMNS:
         missing = ", ".join(sorted(_COLUMNS - columns))

@@ -34,6 +34,10 @@ from . import _chain, _schema, _values
 from .errors import JournalError, RecordError, TamperedError
 from .record import Record
 
+#: what reading a damaged file raises: SQLite's errors, and a TEXT value
+#: (a kind, a table name in the schema) whose bytes are not UTF-8
+_UNREADABLE = (sqlite3.Error, UnicodeDecodeError)
+
 _INSERT = (
     f"INSERT INTO {_schema.TABLE} (seq, kind, step, rank, ts, payload, digest) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -106,7 +110,7 @@ class Journal:
                 self._conn.execute(f"PRAGMA synchronous = {synchronous}")
                 _schema.create(self._conn)
             _schema.check(self._conn, self.path)
-        except sqlite3.DatabaseError as exc:
+        except _UNREADABLE as exc:
             raise JournalError(f"{self.path}: cannot open journal: {exc}") from exc
         self._pack = msgpack.Packer(use_bin_type=True).pack
 
@@ -118,7 +122,7 @@ class Journal:
             row = self._conn.execute(
                 f"SELECT seq, digest FROM {_schema.TABLE} ORDER BY seq DESC LIMIT 1"
             ).fetchone()
-        except sqlite3.Error as exc:
+        except _UNREADABLE as exc:
             raise JournalError(f"{self.path}: cannot read the journal: {exc}") from exc
         return (BEFORE_FIRST, _chain.GENESIS) if row is None else (row[0], row[1])
 
@@ -179,7 +183,7 @@ class Journal:
     def __len__(self) -> int:
         try:
             return self._conn.execute(f"SELECT count(*) FROM {_schema.TABLE}").fetchone()[0]
-        except sqlite3.Error as exc:
+        except _UNREADABLE as exc:
             raise JournalError(f"{self.path}: cannot read the journal: {exc}") from exc
 
     def records(
@@ -251,7 +255,7 @@ class Journal:
                     raise broken  # after the good records before it
                 if upto is not None and good and good[-1][0] >= upto:
                     return
-        except sqlite3.Error as exc:
+        except _UNREADABLE as exc:
             where = "the first record" if last == BEFORE_FIRST else f"the record after seq {last}"
             raise RecordError(f"cannot read {where}: {exc}", path=self.path) from exc
 
@@ -276,7 +280,7 @@ class Journal:
                 rows = self._conn.execute(
                     f"{_SELECT} WHERE seq > ? ORDER BY seq LIMIT {_FOLLOW_CHUNK}", (last,)
                 ).fetchall()
-            except sqlite3.Error as exc:
+            except _UNREADABLE as exc:
                 raise RecordError(
                     f"cannot read the record after seq {last}: {exc}", path=self.path
                 ) from exc

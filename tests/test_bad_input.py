@@ -337,3 +337,35 @@ def test_fuzzed_database_payloads_raise_only_record_errors(
     except (RecordError, JournalError):
         pass
     shutil.rmtree(folder)
+
+
+def _flips(size: int) -> list[int]:
+    """Offsets to flip: densely in the first page (the schema: sqlite_master),
+    sparsely over the rest (records, the chain, free space)."""
+    return sorted({*range(0, min(size, 4096), 5), *range(4096, size, 89)})
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_single_byte_flips_never_give_a_traceback_or_a_false_verdict(
+    tmp_path: Path, command: str, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """A damaged clean journal is read as clean (the flip hit unused space) or
+    refused with exit 2 naming the file: never a traceback, never exit 1."""
+    original = db_from(tmp_path, "clean.db").read_bytes()
+    flipped = tmp_path / "flipped.db"
+    seen = set()
+    for offset in _flips(len(original)):
+        damaged = bytearray(original)
+        damaged[offset] = 0xFF if damaged[offset] != 0xFF else 0x00
+        flipped.write_bytes(bytes(damaged))
+        for leftover in ("o.jsonl", "o.json", "o.db"):
+            (tmp_path / leftover).unlink(missing_ok=True)
+        status = main(COMMANDS[command](str(flipped), tmp_path))
+        _out, err = capsys.readouterr()
+        assert "Traceback" not in err, (offset, err)
+        assert status in (0, 2), (offset, status, err[-500:])
+        if status == 2:
+            message = [line for line in err.splitlines() if line.startswith("kvstate: error:")]
+            assert len(message) == 1 and "flipped.db" in message[0], (offset, err)
+        seen.add(status)
+    assert 2 in seen  # the flips were read, and refused
