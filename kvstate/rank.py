@@ -60,6 +60,10 @@ class RankLedger:
         self.newest_seen: dict[str, tuple[int, int]] = {}
         #: (req, gen) -> jobs of that incarnation received here (tuples: snapshots share them)
         self.by_incarnation: dict[tuple[str, int], tuple[int, ...]] = {}
+        #: job -> its key chain as key -> first position, built at the job's
+        #: first KV event (a lookup per event, not a scan: a job may have
+        #: hundreds of thousands of keys); a cache, not folded state
+        self._key_positions: dict[int, tuple[tuple[str, ...], dict[str, int]]] = {}
         self._dispatch: dict[type, Callable[[int, Any, Out], RankJobState | None]] = {
             ev.JobReceived: self._on_received,
             ev.PreemptionSeen: self._on_preemption_seen,
@@ -399,8 +403,14 @@ class RankLedger:
             return None
         info, rj = found
         keys = info.keys
-        if event.key in keys:
-            i = keys.index(event.key)
+        cached = self._key_positions.get(info.job)
+        if cached is None or cached[0] is not keys:  # new, or the id was reused
+            positions: dict[str, int] = {}
+            for n, key in enumerate(keys):
+                positions.setdefault(key, n)
+            cached = self._key_positions[info.job] = (keys, positions)
+        i = cached[1].get(event.key)
+        if i is not None:
             expected = keys[i - 1] if i else info.parent
             if event.parent != expected:
                 why = (
@@ -446,6 +456,7 @@ class RankLedger:
             )
             return rj
         rj.phase, rj.reported_seq = "reported", seq
+        self._key_positions.pop(info.job, None)
         state = self.requests.get(info.req)
         if state is not None:
             state.live_jobs.discard(info.job)
