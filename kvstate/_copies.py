@@ -42,7 +42,7 @@ def snapshot(ledger: Ledger) -> Ledger:
 
 
 def _parked(ledger: Ledger) -> bool:
-    return ledger.parking is not None and bool(ledger.parking.jobs or ledger.parking.requests)
+    return ledger.parking is not None and ledger.parking.parked > 0
 
 
 def whole(ledger: Ledger) -> Ledger:

@@ -8,9 +8,10 @@ would have seen had nothing been parked. Every ``sweep_every`` records,
 :meth:`Parking.sweep` parks what has stayed settled for ``park_after``
 records.
 
-The ids parked are kept in memory (a set each), so a record naming a new
-job or request costs no archive lookup, which for a
-:class:`~kvstate.spill.SpillArchive` would be a SQL query.
+Which ids were parked is kept in memory in a few bits each
+(:class:`~kvstate._maybe.MaybeSet`), so a record naming a new job or request
+costs no archive lookup, which for a :class:`~kvstate.spill.SpillArchive`
+would be a SQL query, and memory still follows live state, not history.
 
 Rows are packed as plain tuples of field values in declaration order,
 pickled: a settled job with two ranks packs into about a hundred bytes, a
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from . import events as ev
+from ._maybe import MaybeSet
 from .state import Incarnation, RankJobState, RequestState, StoreJobState, StoreRequestState
 
 if TYPE_CHECKING:
@@ -65,9 +67,12 @@ class Parking:
         self.ledger = ledger
         self.park_after = park_after
         self.sweep_every = sweep_every
-        #: ids in the archive (a new id is told from a parked one without a lookup)
-        self.jobs: set[int] = set()
-        self.requests: set[str] = set()
+        #: ids perhaps in the archive (a new id is told from a parked one without
+        #: a lookup; a copy shares these, see kvstate._maybe)
+        self.jobs = MaybeSet()
+        self.requests = MaybeSet()
+        #: how many jobs and requests are parked now
+        self.parked = 0
         #: requests with a job enqueued for an incarnation that does not exist:
         #: their ranks' state is keyed by gens the request does not list, so
         #: they are never parked
@@ -79,7 +84,8 @@ class Parking:
     def copy(self, ledger: Ledger) -> Parking:
         """The same parking state for ``ledger`` (a snapshot of the one this serves)."""
         new = Parking(ledger, self.park_after, self.sweep_every)
-        new.jobs, new.requests = set(self.jobs), set(self.requests)
+        new.jobs, new.requests = self.jobs, self.requests  # grow-only: shared
+        new.parked = self.parked
         new.unparkable = set(self.unparkable)
         new._settled_jobs = dict(self._settled_jobs)
         new._settled_requests = dict(self._settled_requests)
@@ -107,12 +113,12 @@ class Parking:
             req = job.req
         elif kind is ev.JobEnqueued:
             enq: ev.JobEnqueued = event  # type: ignore[assignment]
-            if enq.job in self.jobs:
+            if enq.job not in ledger.jobs and enq.job in self.jobs:
                 self._unpark_job(enq.job)
             req = enq.req
         else:
             req = getattr(event, "req", None)
-        if req is not None and req in self.requests:
+        if req is not None and req not in ledger.requests and req in self.requests:
             self._unpark_request(req)
 
     def sweep(self) -> None:
@@ -137,10 +143,11 @@ class Parking:
 
     def restore_all(self) -> None:
         """Bring every parked job and request back (views that show history)."""
-        for job_id in sorted(self.jobs):
-            self._unpark_job(job_id)
-        for req in sorted(self.requests):
-            self._unpark_request(req)
+        for kind, name in list(self.ledger.archive.keys()):
+            if kind == "job" and isinstance(name, int):
+                self._unpark_job(name)
+            elif kind == "request" and isinstance(name, str):
+                self._unpark_request(name)
 
     def job(self, job_id: int) -> StoreJobState | None:
         """Job ``job_id`` brought back if it was parked (None if it never was)."""
@@ -148,7 +155,7 @@ class Parking:
 
     def request(self, req: str) -> None:
         """Bring ``req`` back if it was parked."""
-        if req in self.requests:
+        if req not in self.ledger.requests and req in self.requests:
             self._unpark_request(req)
 
     # -- settled? ------------------------------------------------------------------
@@ -190,13 +197,14 @@ class Parking:
         # Packed together, so job.ranks[r] comes back as the very object ranks hold.
         ledger.archive.put(("job", job_id), pack_job(job, on_ranks))
         self.jobs.add(job_id)
+        self.parked += 1
 
     def _unpark_job(self, job_id: int) -> StoreJobState | None:
         ledger = self.ledger
         blob = ledger.archive.take(("job", job_id))
-        self.jobs.discard(job_id)
         if blob is None:
-            return None
+            return None  # a wrong "maybe"
+        self.parked -= 1
         job, on_ranks = unpack_job(blob)
         ledger.jobs[job_id] = job
         for r, rj in on_ranks.items():
@@ -210,13 +218,14 @@ class Parking:
         on_ranks = {r: _take_rank_request(rl, req, gens) for r, rl in ledger.ranks.items()}
         ledger.archive.put(("request", req), pack_request(request, on_ranks))
         self.requests.add(req)
+        self.parked += 1
 
     def _unpark_request(self, req: str) -> None:
         ledger = self.ledger
         blob = ledger.archive.take(("request", req))
-        self.requests.discard(req)
         if blob is None:
-            return
+            return  # a wrong "maybe"
+        self.parked -= 1
         request, on_ranks = unpack_request(blob)
         ledger.requests[req] = request
         for r, part in on_ranks.items():
