@@ -3,8 +3,10 @@
 When the engine is idle nothing may be outstanding: no job still pinning
 blocks (LEAKED_PIN), no rank that received a job without reporting it
 (MISSING_REPORT), no finished request still holding blocks from a hold
-finish (HELD_FOREVER). Each finding is reported once, however many
-``engine_idle`` records follow.
+finish (HELD_FOREVER), no request that was never preempted or finished
+still holding its table (LEAKED_BLOCKS, an addition: a lost
+``request_preempted`` or ``request_finished`` shows here). Each finding is
+reported once, however many ``engine_idle`` records follow.
 
 A function of :class:`~kvstate.ledger.Ledger`'s state, called only by its
 fold. It looks at what is in memory: parking keeps out only what these
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .state import RUNNING
 from .violations import Code, Violation, finding
 
 if TYPE_CHECKING:
@@ -54,6 +57,16 @@ def check_quiescent(ledger: Ledger, seq: int, out: list[Violation]) -> None:
             out.append(finding(Code.MISSING_REPORT, seq, why, job.enqueued_seq, rank=rank, of=job))
     for request in ledger.requests.values():
         for inc in request.incarnations.values():
+            if inc.table and inc.state == RUNNING and first(Code.LEAKED_BLOCKS, (inc.req, inc.gen)):
+                # Never preempted nor finished: its request_preempted or
+                # request_finished was lost, or the engine leaked the table.
+                why = (
+                    f"engine idle while {inc.name}, never preempted or finished, still "
+                    f"holds blocks {inc.table}"
+                )
+                out.append(
+                    finding(Code.LEAKED_BLOCKS, seq, why, inc.table_seq, req=inc.req, gen=inc.gen)
+                )
             if inc.held and first(Code.HELD_FOREVER, (inc.req, inc.gen)):
                 why = (
                     f"engine idle while {inc.name} still holds blocks {inc.table} "

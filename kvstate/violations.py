@@ -1,4 +1,4 @@
-"""Violation codes (spec section 6), the :class:`Violation` value, and the
+"""Violation codes (docs/events.md, "Violation codes"), the :class:`Violation` value, and the
 exceptions strict mode raises.
 
 Each code is defined once here. The fold detects it; replay reports it; a
@@ -13,11 +13,13 @@ from typing import Any, Protocol
 
 import attrs
 
+from .errors import KvstateError
+
 
 class Code(str, enum.Enum):
     """Every violation and warning code. Values are the stable public names."""
 
-    # -- spec section 6: violations --
+    # -- docs/events.md, "Violation codes": violations --
     STALE_GENERATION = "STALE_GENERATION"
     POISONED_READ = "POISONED_READ"
     FOREIGN_BLOCK_READ = "FOREIGN_BLOCK_READ"
@@ -39,13 +41,15 @@ class Code(str, enum.Enum):
     CRASH = "CRASH"
     UNLEDGERED_JOB = "UNLEDGERED_JOB"
     CAUSALITY = "CAUSALITY"
-    # -- spec section 6: warnings (do not change the verdict) --
+    # -- additions (docs/events.md): violations --
+    LEAKED_BLOCKS = "LEAKED_BLOCKS"
+    # -- docs/events.md, "Violation codes": warnings (do not change the verdict) --
     RELEASE_ORDER = "RELEASE_ORDER"
     # -- additions (docs/events.md): warnings only --
     STEP_REGRESSED = "STEP_REGRESSED"
     NOTHING_HELD = "NOTHING_HELD"
     DUPLICATE_RECEIVE = "DUPLICATE_RECEIVE"
-    # -- spec section 8: the journal ends before the engine did --
+    # -- docs/events.md, "Complete and incomplete journals": it ends before the engine --
     UNFINISHED = "UNFINISHED"
 
     def __str__(self) -> str:
@@ -62,7 +66,7 @@ WARNING_CODES = frozenset(
     }
 )
 
-#: the order of the spec's table, used to sort summaries
+#: the order of the table in docs/events.md, used to sort summaries
 CODE_ORDER = {code: i for i, code in enumerate(Code)}
 
 _ENTITIES = ("job", "req", "gen", "rank", "block", "key")
@@ -93,7 +97,8 @@ class Violation:
         return self.code in WARNING_CODES
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form of spec section 7: code, seq, message, chain, entities."""
+        """The JSON form (docs/events.md, "The command line"): code, seq, message, chain,
+        entities."""
         out: dict[str, Any] = {
             "code": self.code.value,
             "seq": self.seq,
@@ -145,7 +150,7 @@ def finding(
 # -- strict mode exceptions ------------------------------------------------------------
 
 
-class InvariantViolation(Exception):
+class InvariantViolation(KvstateError):
     """A live ledger in strict mode met a violation; ``violation`` says which."""
 
     code: Code | None = None
@@ -282,6 +287,12 @@ class CausalityError(InvariantViolation):
     """A record names a job or incarnation that does not exist (yet)."""
 
     code = Code.CAUSALITY
+
+
+class LeakedBlocksError(InvariantViolation):
+    """``engine_idle`` while an incarnation never preempted or finished holds blocks."""
+
+    code = Code.LEAKED_BLOCKS
 
 
 EXCEPTIONS: dict[Code, type[InvariantViolation]] = {

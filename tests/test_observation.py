@@ -93,6 +93,7 @@ def test_per_process_journals_commit_per_step_and_merge(tmp_path: Path) -> None:
         assert len(journal) == 7  # the header and the job's six records, before any close
     sched.update_connector_output(worker.take_completed())
     sched.release_ready()
+    sched.request_finished("r")
     sched.idle()
     sched_rec.close()
     rank_rec.close()

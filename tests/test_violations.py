@@ -1,4 +1,4 @@
-"""Every violation code of spec section 6: a journal that fires it, at the
+"""Every violation code of docs/events.md, "Violation codes": a journal that fires it, at the
 right record with the right chain, and a near miss that must not."""
 
 from __future__ import annotations
@@ -393,8 +393,26 @@ def test_near_miss_job_without_pins_is_not_leaked() -> None:
     j.admit("a", blocks=[1])
     j.enqueue(0, "a", 0, reads=[1], pins=[])
     j.run(0)
+    j.add("request_finished", req="a", gen=0)
     j.add("engine_idle")
     assert j.codes() == []
+
+
+def test_a_lost_finish_leaves_blocks_held_at_idle() -> None:
+    """An addition: an incarnation never preempted nor finished that still holds
+    its table when the engine is idle (its request_finished was lost, or the
+    engine leaked the blocks). A preempted or finished one does not count."""
+    j = JournalBuilder()
+    admitted = j.admit("a", blocks=[1, 2])
+    j.admit("b", blocks=[3])
+    j.add("request_finished", req="b", gen=0)
+    j.admit("c", blocks=[4])
+    j.add("request_preempted", req="c", gen=0)
+    idle = j.add("engine_idle")
+    v = j.only("LEAKED_BLOCKS")
+    assert (v.seq, v.req, v.gen, v.chain) == (idle, "a", 0, (admitted + 1,))  # the assignment
+    j.add("engine_idle")
+    assert j.codes().count("LEAKED_BLOCKS") == 1  # reported once
 
 
 def test_held_forever_and_released() -> None:
@@ -490,6 +508,19 @@ def test_dma_blocks_limits_the_check_to_what_was_read() -> None:
     read = j.add("dma_started", job=0, rank=0, blocks=[1, 2])
     v = j.only("POISONED_READ")
     assert (v.seq, v.block) == (read, 2)
+
+
+def test_dma_of_no_blocks_reads_none_and_without_the_field_reads_all() -> None:
+    """``blocks: []`` is a transfer that read nothing (every key was already
+    stored: the vLLM observer writes that), not "every block of reads"."""
+    j, _ = poison_setup(pins=[])
+    j.admit("b", blocks=[2])  # block 2 changes hands under the queued job
+    j.add("job_started", job=0, rank=0)
+    j.add("dma_started", job=0, rank=0, blocks=[])
+    j.add("dma_done", job=0, rank=0, blocks=[])
+    assert "POISONED_READ" not in j.codes()
+    read = j.add("dma_started", job=0, rank=0)  # no field: all of reads
+    assert j.only("POISONED_READ").seq == read
 
 
 def test_dma_done_with_different_bytes_is_a_poisoned_read() -> None:
