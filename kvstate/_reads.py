@@ -73,7 +73,7 @@ def check_epochs(
     fingerprints are a poisoned read even where the epochs agree.
     """
     blocks = ledger.blocks
-    only = set(event.blocks) if event.blocks else None
+    only = None if event.blocks is None else set(event.blocks)  # [] reads nothing
     once = ledger.reported_once
     for block, epoch in zip(job.reads, job.read_epochs, strict=True):
         state = blocks.get(block)

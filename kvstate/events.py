@@ -328,12 +328,13 @@ class DmaStarted(Event, frozen=True):
 
     ``blocks`` (addition) names the blocks this transfer actually reads when
     it is fewer than ``reads`` (keys already in the store are not read
-    again); only those are checked then.
+    again); only those are checked then. An empty list reads no block;
+    without the field every block of ``reads`` is read.
     """
 
     job: Id
     rank: Id
-    blocks: Ids = ()
+    blocks: Ids | None = None
 
 
 @_kind("dma_done", SIDE_WORKER)
@@ -348,7 +349,7 @@ class DmaDone(Event, frozen=True):
     job: Id
     rank: Id
     digest: Scalar = None
-    blocks: Ids = ()
+    blocks: Ids | None = None
     expected: Scalar = None
 
     def __post_init__(self) -> None:
@@ -483,7 +484,7 @@ class KeyMissing(Event, frozen=True):
     reason: str
 
 
-#: the effect kinds that a stale job must never write (spec section 6)
+#: the effect kinds that a stale job must never write (docs/events.md, "Violation codes")
 EFFECT_KINDS = frozenset(
     {
         "offset_saved",
