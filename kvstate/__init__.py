@@ -9,103 +9,32 @@ runs the fold on the same records, live, and replay folds a journal offline
 with the same code.
 
 This package is the embeddable core: importing it loads no simulator, no
-torch and no terminal UI. Harness code lives in :mod:`kvstate.harness`.
+torch and no terminal UI. Harness code lives in :mod:`kvstate.harness`. The
+top level is the embedder's face (``__all__``); every exception derives
+from :class:`KvstateError`.
 """
 
-from .archive import Archive
-from .codec import Entry, from_record, to_record
-from .errors import (
-    DuplicateJobError,
-    LedgerUsageError,
-    UnknownJobError,
-    UnknownRequestError,
-)
+from .errors import KvstateError
+from .jobrun import JobRun
 from .ledger import Ledger
-from .rank import RankLedger
 from .recorder import Recorder
 from .scheduler import SchedulerLedger
 from .spill import SpillArchive
-from .state import (
-    BlockState,
-    Incarnation,
-    RankJobState,
-    RequestState,
-    StoreJobState,
-    StoreRequestState,
-)
-from .violations import (
-    CausalityError,
-    Code,
-    CrashError,
-    DoubleReportError,
-    EarlyReleaseError,
-    ForeignBlockReadError,
-    HeldForeverError,
-    IdReusedError,
-    InvariantViolation,
-    LeakedPinError,
-    MissingReportError,
-    OffsetRewoundError,
-    ParentChainBrokenError,
-    PhantomCompletionError,
-    PinMismatchError,
-    PoisonedKeyError,
-    PoisonedReadError,
-    PrematureRetireError,
-    RefcountUnderflowError,
-    StaleGenerationError,
-    TableOverrunError,
-    UnledgeredJobError,
-    Violation,
-    WrongKvLoadedError,
-)
-from .worker import JobRun, JobSpec, WorkerLedger
+from .violations import Code, Violation
+from .worker import JobSpec, WorkerLedger
 
+#: the embedder's face; everything else is importable from its own module
+#: (kvstate.errors and kvstate.violations for each exception, kvstate.state
+#: for the fold's rows, kvstate.codec, kvstate.archive, kvstate.rank, ...)
 __all__ = [
-    "Archive",
-    "BlockState",
-    "CausalityError",
     "Code",
-    "CrashError",
-    "DoubleReportError",
-    "DuplicateJobError",
-    "EarlyReleaseError",
-    "Entry",
-    "ForeignBlockReadError",
-    "HeldForeverError",
-    "IdReusedError",
-    "Incarnation",
-    "InvariantViolation",
     "JobRun",
     "JobSpec",
-    "LeakedPinError",
+    "KvstateError",
     "Ledger",
-    "LedgerUsageError",
-    "MissingReportError",
-    "OffsetRewoundError",
-    "ParentChainBrokenError",
-    "PhantomCompletionError",
-    "PinMismatchError",
-    "PoisonedKeyError",
-    "PoisonedReadError",
-    "PrematureRetireError",
-    "RankJobState",
-    "RankLedger",
     "Recorder",
-    "RefcountUnderflowError",
-    "RequestState",
     "SchedulerLedger",
     "SpillArchive",
-    "StaleGenerationError",
-    "StoreJobState",
-    "StoreRequestState",
-    "TableOverrunError",
-    "UnknownJobError",
-    "UnknownRequestError",
-    "UnledgeredJobError",
     "Violation",
     "WorkerLedger",
-    "WrongKvLoadedError",
-    "from_record",
-    "to_record",
 ]

@@ -9,7 +9,13 @@ of, so nothing was recorded. Each names the id and the hook it was passed to.
 from __future__ import annotations
 
 
-class LedgerUsageError(Exception):
+class KvstateError(Exception):
+    """The base of every error kvstate raises on purpose: misuse of the API
+    (:class:`LedgerUsageError`) and, in strict mode, a violated invariant
+    (:class:`~kvstate.violations.InvariantViolation`)."""
+
+
+class LedgerUsageError(KvstateError):
     """A ledger method was called in a way the ledger cannot honour."""
 
 

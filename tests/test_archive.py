@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstate import Archive
+from kvstate.archive import Archive
 from kvstate.codec import Entry
 from kvstate.harness.sim.faults import Faults
 from kvstate.harness.sim.runtime import SimConfig, simulate

@@ -1,4 +1,4 @@
-"""Imports point one way: journal <- kvstate core <- replay <- {tui, harness, cli}.
+"""Imports point one way: journal <- kvstate core <- {replay, harness} <- tui, cli.
 
 Every import in every module (at the top or inside a function) is resolved
 and checked against its layer, so an import pointing the wrong way fails
@@ -22,27 +22,32 @@ ALLOWED = {
     "core": {"journal", "core"},
     "replay": {"journal", "core", "replay"},
     "tui": {"journal", "core", "replay", "tui"},
-    "harness": {"journal", "core", "replay", "harness"},
+    "harness": {"journal", "core", "harness"},
     "cli": {"journal", "core", "replay", "tui", "harness", "cli"},
 }
 #: third-party packages the core and the journal must never import
 HEAVY = {"torch", "textual", "mooncake", "numpy", "rich", "vllm"}
 
 
+#: folder (or module file) -> layer, the most specific first
+FOLDERS = (
+    ("journal", "journal"),
+    ("kvstate/harness", "harness"),
+    ("kvstate/vllm", "harness"),
+    ("kvstate", "core"),
+    ("replay/cli", "cli"),
+    ("replay/__main__", "cli"),
+    ("replay/tui", "tui"),
+    ("replay", "replay"),
+)
+
+
 def layer(module: str) -> str | None:
-    top = module.split(".")[0]
-    if top == "journal":
-        return "journal"
-    if module.startswith(("kvstate.harness", "kvstate.vllm")):
-        return "harness"
-    if top == "kvstate":
-        return "core"
-    if module.startswith(("replay.cli", "replay.__main__")):
-        return "cli"
-    if module.startswith("replay.tui"):
-        return "tui"
-    if top == "replay":
-        return "replay"
+    """The layer of a module, by the folder it lives in (None: not ours)."""
+    path = module.replace(".", "/")
+    for folder, name in FOLDERS:
+        if path == folder or path.startswith(folder + "/"):
+            return name
     return None
 
 
@@ -119,3 +124,16 @@ def test_the_layer_test_catches_a_wrong_import(tmp_path: Path) -> None:
     found = [layer(name) for name, _ in imports("kvstate.ledger", bad)]
     assert found == ["harness", "replay"]
     assert not {"harness", "replay"} <= ALLOWED["core"]
+
+
+def test_the_top_level_face_is_small_and_every_error_shares_one_base() -> None:
+    import inspect
+
+    import kvstate
+    from kvstate import errors, violations
+
+    assert len(kvstate.__all__) <= 10, kvstate.__all__
+    for module in (errors, violations):
+        for _name, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, Exception) and cls.__module__ == module.__name__:
+                assert issubclass(cls, kvstate.KvstateError), cls

@@ -161,13 +161,15 @@ def test_accessors_read_the_folded_state() -> None:
     assert not sched.holds_blocks("r")
 
 
-def test_every_code_has_its_exported_exception_class() -> None:
+def test_every_code_has_its_exception_class() -> None:
     import kvstate
+    from kvstate import violations
     from kvstate.violations import EXCEPTIONS, WARNING_CODES
 
     for code in Code:
         if code in WARNING_CODES:
             continue
         cls = EXCEPTIONS[code]
-        assert getattr(kvstate, cls.__name__) is cls and cls.code is code
+        assert getattr(violations, cls.__name__) is cls and cls.code is code
+        assert issubclass(cls, kvstate.KvstateError)
         assert cls.__module__ == "kvstate.violations" and cls.__doc__
