@@ -69,8 +69,10 @@ def add_parser(sub: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     """Both releases, side by side."""
     from kvstate.harness.live.master import MasterError
-    from kvstate.harness.vllm.demo import NAMES, DemoError, Workload, run_demo
+    from kvstate.harness.vllm.demo import NAMES, DemoError, Workload
     from kvstate.harness.vllm.venvs import VenvError
+
+    from ._vllm_runs import run_demo
 
     console = report_console()
     releases = tuple(args.release or RELEASES)
