@@ -72,3 +72,27 @@ def test_fingerprints_tell_blocks_and_ranks_apart() -> None:
     assert full_block_kv(h, 0, 32) == full_block_kv(h, 0, 32)
     assert full_block_kv(h, 0, 32) != full_block_kv(h, 1, 32)
     assert partial_block_kv(b"", [1, 2, 3], 0, 32) != full_block_kv(h, 0, 32)
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [
+        ("store-down@٣", "not a whole number"),  # str.isdigit() takes Arabic-Indic digits
+        ("put-fail=0.1,put-fail=0.2", "given twice"),  # the last one used to win silently
+        ("put-fail=1e-400", "not a rate"),  # underflowed to 0: no fault, no word
+        ("evict=nan", "not a rate"),
+        ("no-space=1.5", "not a rate"),
+    ],
+)
+def test_a_fault_spec_is_read_exactly_or_refused(spec: str, why: str) -> None:
+    from kvstate.harness.sim.faults import Faults
+
+    with pytest.raises(ValueError, match=why):
+        Faults.parse(spec)
+
+
+def test_fault_specs_as_documented_are_read() -> None:
+    from kvstate.harness.sim.faults import Faults
+
+    got = Faults.parse("put-fail=0.2, evict=.5,store-down@12,no-space=1")
+    assert (got.put_fail, got.evict, got.no_space, got.store_down) == (0.2, 0.5, 1.0, 12)

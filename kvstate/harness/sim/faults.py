@@ -18,6 +18,7 @@ Every fault is seeded: one seed, one journal.
 from __future__ import annotations
 
 import random
+import re
 import threading
 from collections.abc import Callable, Sequence
 
@@ -27,6 +28,9 @@ from . import store as st
 
 RATES = ("put-fail", "no-space", "evict")
 STEPS = ("store-down", "thread-crash")
+#: how a rate and a step are written (ASCII, no exponent: see Faults.parse)
+_RATE = re.compile(r"(?:0|1)(?:\.[0-9]+)?|\.[0-9]+")
+_STEP = re.compile(r"[0-9]+")
 
 
 class InjectedCrash(RuntimeError):
@@ -55,22 +59,23 @@ class Faults:
                 name, _, text = item.partition("=")
                 if name not in RATES:
                     raise ValueError(f"unknown fault rate {name!r} (one of {', '.join(RATES)})")
-                try:
-                    rate = float(text)
-                except ValueError:
-                    raise ValueError(f"fault {name}: {text!r} is not a number") from None
-                if not 0.0 <= rate <= 1.0:
-                    raise ValueError(f"fault {name}: rate {rate} is not between 0 and 1")
-                values[name.replace("-", "_")] = rate
+                # A plain decimal: no exponent (1e-400 would quietly be 0), no nan or inf.
+                if not _RATE.fullmatch(text) or float(text) > 1.0:
+                    raise ValueError(f"fault {name}: {text!r} is not a rate from 0 to 1, like 0.2")
+                value: float | int = float(text)
             elif "@" in item:
                 name, _, text = item.partition("@")
                 if name not in STEPS:
                     raise ValueError(f"unknown fault {name!r} (one of {', '.join(STEPS)})")
-                if not text.isdigit():
+                if not _STEP.fullmatch(text):  # ASCII digits only: str.isdigit takes "٣"
                     raise ValueError(f"fault {name}: step {text!r} is not a whole number")
-                values[name.replace("-", "_")] = int(text)
+                value = int(text)
             else:
                 raise ValueError(f"fault {item!r}: write name=rate or name@step")
+            key = name.replace("-", "_")
+            if key in values:
+                raise ValueError(f"fault {name} is given twice")
+            values[key] = value
         return cls(
             put_fail=float(values.get("put_fail", 0.0)),
             no_space=float(values.get("no_space", 0.0)),
