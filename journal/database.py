@@ -176,7 +176,14 @@ class Journal:
 
     def create_views(self, kinds: Mapping[str, Sequence[str]]) -> None:
         """Create one SQL view per record kind (see :func:`journal._schema.create_views`)."""
-        _schema.create_views(self._conn, kinds)
+        try:
+            _schema.create_views(self._conn, kinds)
+        except sqlite3.Error as exc:
+            # Two processes opening one new journal race here ("view ... already exists").
+            raise JournalError(
+                f"{self.path}: cannot create the journal's views ({exc}); "
+                "is another process opening this journal?"
+            ) from exc
 
     # -- reading -----------------------------------------------------------------
 

@@ -308,3 +308,19 @@ def test_reading_memory_does_not_grow_with_the_journal(tmp_path: Path) -> None:
     large = _peak_while_reading(tmp_path / "large.db")
     # 20x the records; a reader that buffered them would peak ~20x higher
     assert large < 2 * small + 64 * 1024
+
+
+def test_a_view_that_cannot_be_made_is_a_journal_error_naming_the_file(tmp_path: Path) -> None:
+    """What a second process racing Recorder.open onto the same new journal
+    meets (an object named like a view already there) is a JournalError
+    naming the file, never a raw sqlite3 error."""
+    from kvstate.recorder import Recorder
+
+    path = tmp_path / "raced.db"
+    Journal(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE job_enqueued (x)")  # where a view belongs
+    conn.commit()
+    conn.close()
+    with pytest.raises(JournalError, match=r"raced\.db: cannot create the journal's views"):
+        Recorder.open(path, block_size=4, world_size=1)
