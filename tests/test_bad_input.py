@@ -369,3 +369,22 @@ def test_single_byte_flips_never_give_a_traceback_or_a_false_verdict(
             assert len(message) == 1 and "flipped.db" in message[0], (offset, err)
         seen.add(status)
     assert 2 in seen  # the flips were read, and refused
+
+
+def test_a_huge_value_is_cut_on_the_terminal_and_whole_in_json(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A 3 MB request id: the human report shows its start and says how much is
+    left out (the report's layout work once grew with the square of its
+    length); ``--json`` carries it whole."""
+    huge = "r" * 3_000_000
+    path = tmp_path / "huge.jsonl"
+    preempt = {"seq": 3, "kind": "request_preempted", "step": 0, "req": huge, "gen": 1}
+    path.write_text(lines(admit(req=json.dumps(huge)), json.dumps(preempt)))
+    status = main(["replay", str(path)])
+    out, err = capsys.readouterr()
+    assert status == 1, err  # CAUSALITY: generation 1 was never admitted
+    assert "more characters; --json has them all" in out
+    assert max(len(line) for line in out.splitlines()) < 2_000
+    status = main(["replay", "--json", str(path)])
+    out, _ = capsys.readouterr()
+    report = json.loads(out)
+    assert any(v.get("req") == huge for v in report["violations"])
