@@ -317,7 +317,8 @@ def render(
 
 def report_console(*, stderr: bool = False) -> Console:
     """A console for reports: the terminal's width; when piped, ``COLUMNS``
-    if set, else 100 columns (rich would assume 80)."""
+    if set, else 160 columns, so the lanes of a timeline are not cut (rich
+    would assume 80)."""
     console = Console(stderr=stderr)
     if not console.is_terminal:
         columns = os.environ.get("COLUMNS", "")

@@ -1,5 +1,5 @@
 """`kvstate replay` and `kvstate convert` as a user runs them: exit statuses,
-the JSON object of spec section 7, --at, merged journals, and clear errors
+the JSON object of docs/events.md, "The command line", --at, merged journals, and clear errors
 for unusable input."""
 
 from __future__ import annotations
@@ -255,3 +255,22 @@ def test_installed_command_reports_without_traceback(tmp_path: Path) -> None:
     assert f"{bad}:2" in proc.stderr and "Traceback" not in proc.stderr
     proc = subprocess.run([exe, "replay", str(EXAMPLES / "clean.jsonl")], capture_output=True)
     assert proc.returncode == 0
+
+
+def test_version_names_the_installed_release(capsys) -> None:  # type: ignore[no-untyped-def]
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"kvstate {version('kvstate')}"
+
+
+def test_at_past_the_end_says_so(capsys) -> None:  # type: ignore[no-untyped-def]
+    clean = str(Path(__file__).resolve().parent.parent / "examples" / "clean.jsonl")
+    last = sum(1 for line in Path(clean).read_text().splitlines() if line.strip())
+    assert main(["replay", "--at", "9999", clean]) == 0
+    err = capsys.readouterr().err
+    assert f"--at 9999 is past the last record (seq {last})" in err
+    assert main(["replay", "--at", "3", clean]) == 0
+    assert "past the last record" not in capsys.readouterr().err

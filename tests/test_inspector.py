@@ -248,6 +248,15 @@ def test_once_prints_overview_and_violations(tmp_path: Path, capsys) -> None:  #
     assert main(["inspect", "--once", str(tmp_path / "missing.db")]) == 2
 
 
+def test_once_shows_the_first_violations_and_says_how_many_more(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    journal = zoo(tmp_path)
+    assert main(["inspect", "--once", "--limit", "1", journal]) == 1
+    out = capsys.readouterr().out
+    assert "... and 3 more (--limit N shows more" in out
+    assert main(["inspect", "--once", "--limit", "0", journal]) == 1
+    assert "more (--limit" not in capsys.readouterr().out  # 0: every one
+
+
 def screen_text(app: Inspector, tab: str) -> str:
     """The main widget of a tab as plain text (a text snapshot of the screen)."""
     widget = {

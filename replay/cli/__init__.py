@@ -24,10 +24,20 @@ def build_parser() -> Parser:
         prog="kvstate",
         description="Journal, replay and check the lifecycle of KV-cache store jobs.",
     )
+    parser.add_argument("--version", action="version", version=f"kvstate {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvstate")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,6 +33,13 @@ def add_parser(sub: Subparsers) -> None:
     )
     p.add_argument("--follow", action="store_true", help="tail a journal being written")
     p.add_argument("--once", action="store_true", help="print the overview and violations")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=20,
+        metavar="N",
+        help="with --once, at most N violations (0: every one); default 20",
+    )
     p.set_defaults(func=run)
 
 
@@ -49,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         if args.once:
             from ..tui._once import print_once
 
-            return print_once(report_console(), list(args.paths))
+            return print_once(report_console(), list(args.paths), args.limit or None)
         from ..tui.inspector import Inspector
 
         app = Inspector(target, follow=args.follow)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 
 from journal import JournalError, atomic_output, refuse_existing, write_jsonl
 from kvstate.codec import to_record
@@ -66,6 +67,13 @@ def run(args: argparse.Namespace) -> int:
             )
     except (JournalError, OSError) as exc:
         return unusable(exc, as_json=args.json)
+    last = result.ledger.last_seq
+    if args.at is not None and last is not None and args.at > last:
+        print(
+            f"kvstate: warning: --at {args.at} is past the last record (seq {last}); "
+            f"this is the ledger after seq {last}",
+            file=sys.stderr,
+        )
     if args.json:
         print(to_json(result.to_dict()))
     else:

@@ -1,4 +1,4 @@
-"""``kvstate inspect --once``: the overview and every violation, streamed.
+"""``kvstate inspect --once``: the overview and the first violations, streamed.
 
 One pass folds the journal (settled state parked on disk, see
 :mod:`kvstate.spill`) while counting records by kind and violations by
@@ -69,8 +69,9 @@ def index_once(paths: Sequence[str]) -> OnceIndex:
     return OnceIndex(", ".join(paths), last, kinds, bool(ledger.end()), spool, counted)
 
 
-def print_once(console: Console, paths: Sequence[str]) -> int:
-    """Print the overview, then every violation; returns replay's exit status (0 or 1)."""
+def print_once(console: Console, paths: Sequence[str], limit: int | None = 20) -> int:
+    """Print the overview, then the first ``limit`` violations (every one with
+    None); returns replay's exit status (0 or 1)."""
     index = index_once(paths)
     try:
         emit(console, overview(index))
@@ -78,7 +79,17 @@ def print_once(console: Console, paths: Sequence[str]) -> int:
             return 0
         width = len(str(index.last_seq))
         emit(console, Text("\nviolations", style="bold"))
-        for seq, code, message in index.violations:
+        total = len(index.violations)
+        for shown, (seq, code, message) in enumerate(index.violations):
+            if limit is not None and shown >= limit:
+                emit(
+                    console,
+                    Text(
+                        f"... and {total - limit:,} more (--limit N shows more, --limit 0 "
+                        "every one; kvstate replay groups them by root cause)"
+                    ),
+                )
+                break
             line = Text(f"{seq:>{width}}  ")
             line.append(f"{code:<22}", style="red")
             line.append(printable(message))
