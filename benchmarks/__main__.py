@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from benchmarks.runner import markdown, run, write
-from journal import OutputExists
+from benchmarks.runner import OUTPUTS, markdown, run, write
+from journal import OutputExists, refuse_existing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,6 +16,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md")
     parser.add_argument("--force", action="store_true", help="replace earlier results")
     args = parser.parse_args(argv)
+    try:  # before minutes of measuring, not after
+        for name in OUTPUTS:
+            refuse_existing(Path(args.out) / name, force=args.force)
+    except OutputExists as exc:
+        print(f"python -m benchmarks: error: {exc}", file=sys.stderr)
+        return 2
     report = run(args.quick)
     print(markdown(report), end="")
     try:

@@ -583,6 +583,10 @@ def plots(report: dict[str, Any], out: Path, *, force: bool) -> list[Path]:
     return written
 
 
+#: what a run writes into its folder
+OUTPUTS = ("bench.json", "bench.md", "replay.png", "step.png")
+
+
 def write(report: dict[str, Any], out: Path, *, force: bool) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []

@@ -55,6 +55,7 @@ def test_results_are_never_overwritten_without_force(tmp_path: Path) -> None:
     done = _run(tmp_path)
     assert done.returncode == 2 and "already exists" in done.stderr
     assert (tmp_path / "bench.json").read_text() == "mine\n"
+    assert "| engine-process CPU" not in done.stdout  # refused before measuring anything
 
 
 def test_the_demo_bound_times_ledger_calls_and_puts_the_classes_back() -> None:
