@@ -38,11 +38,15 @@ vllm-venvs: setup
 	$(BIN)/python -m kvstate.harness.vllm.venvs
 
 # ruff and mypy first, so the last line CI prints is pytest's summary. The
-# real-vLLM suite (marker vllm) runs once, in the second pass.
+# -O pass runs what depends on assertions being stripped: the invariants
+# raise explicit exceptions, and the guards and strict mode must still hold
+# (a bare assert would vanish there). Then the whole suite, real vLLM included.
+O_TESTS := tests/test_violations.py tests/test_ledgers.py tests/test_stateful.py \
+	tests/test_misuse.py tests/test_events.py tests/test_bad_input.py
 test: setup vllm-venvs
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -O -m pytest -p no:cacheprovider -W ignore::pytest.PytestConfigWarning -m "not vllm"
+	$(BIN)/python -O -m pytest -p no:cacheprovider -W ignore::pytest.PytestConfigWarning $(O_TESTS)
 	$(BIN)/python -m pytest
 
 # The quick loop: everything but the real-vLLM suite.
