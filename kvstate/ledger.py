@@ -173,7 +173,8 @@ class Ledger:
         return found
 
     def end(self) -> list[Violation]:
-        """The journal ends here: warn if it ends before the engine did (spec section 8)."""
+        """The journal ends here: warn if it ends before the engine did
+        (docs/events.md, "Complete and incomplete journals")."""
         return check_ended(self)
 
     # -- requests --------------------------------------------------------------------

@@ -87,7 +87,7 @@ class RankLedger:
     def stale_since(self, info: JobInfo) -> int | None:
         """The seq from which ``info``'s job is stale on this rank, or None if it is not.
 
-        Stale (spec section 4): the rank saw ``preemption_seen`` for the job's
+        Stale (docs/events.md, "Worker side"): the rank saw ``preemption_seen`` for the job's
         incarnation, or received a job of the same request with a greater gen.
         """
         received = self.newest_received.get(info.req)

@@ -43,7 +43,8 @@ class ReplayResult:
 
     @property
     def unfinished(self) -> bool:
-        """The journal ends without ``engine_idle`` or ``engine_crashed`` (spec section 8)."""
+        """The journal ends without ``engine_idle`` or ``engine_crashed``
+        (docs/events.md, "Complete and incomplete journals")."""
         return any(w.code is Code.UNFINISHED for w in self.warnings)
 
     @property
@@ -67,7 +68,8 @@ class ReplayResult:
         return {**violation.to_dict(), **self.where(violation.seq)}
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of spec section 7 (plus ``at`` / ``ledger`` with ``--at``)."""
+        """The JSON object of docs/events.md, "The command line" (plus ``at`` and
+        ``ledger`` with ``--at``)."""
         out: dict[str, Any] = {
             "verdict": self.verdict,
             "events": self.events,

@@ -181,7 +181,8 @@ def write_perfetto(paths: Sequence[str], out: TextIO) -> tuple[int, str]:
         trace.feed(entry, found)
     end = ledger.end()
     if end and ledger.last_seq is not None:
-        # The journal stops before the engine did: mark where (spec section 8).
+        # The journal stops before the engine did: mark where
+        # (docs/events.md, "Complete and incomplete journals").
         for v in end:
             trace.instant(trace.pid_of_last, trace.last_us, f"WARNING {v.code.value}",
                           "violation", {"seq": v.seq, "message": v.message})  # fmt: skip

@@ -280,7 +280,8 @@ class TimeTravel:
 
     @property
     def unfinished(self) -> bool:
-        """Indexed to the end, and the journal ends before engine_idle (spec section 8)."""
+        """Indexed to the end, and the journal ends before engine_idle
+        (docs/events.md, "Complete and incomplete journals")."""
         return self.indexed and bool(self._index_ledger.end())
 
     def stop(self, *, wait: bool = True) -> None:

@@ -94,7 +94,7 @@ def test_the_report_leads_with_a_summary_by_code_in_the_documented_order(
     out = report(capsys, zoo_journal(tmp_path, "poisoned-read"))
     summary = out[out.index("Summary by code") : out.index("First violation")]
     codes = [c for c in ("POISONED_READ", "POISONED_KEY") if c in summary]
-    assert codes == ["POISONED_READ", "POISONED_KEY"]  # the spec's table order
+    assert codes == ["POISONED_READ", "POISONED_KEY"]  # the order of docs/events.md's table
     assert summary.index("POISONED_READ") < summary.index("POISONED_KEY")
 
 
