@@ -8,7 +8,7 @@ an envelope (``seq``, ``step``, ``rank``, ``ts``). The domain lives in
 from .database import Journal, is_journal_file
 from .errors import JournalError, RecordError, TamperedError
 from .jsonl import dump_record, parse_line, read_jsonl, read_jsonl_lines, write_jsonl
-from .output import OutputExists, atomic_output, refuse_existing
+from .output import OutputExists, atomic_output, journal_output, refuse_existing
 from .process_writer import ProcessWriter
 from .record import Record
 from .writer import JournalWriter
@@ -25,6 +25,7 @@ __all__ = [
     "atomic_output",
     "dump_record",
     "is_journal_file",
+    "journal_output",
     "parse_line",
     "read_jsonl",
     "read_jsonl_lines",

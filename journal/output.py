@@ -6,6 +6,12 @@ place only when the whole output is written. An existing destination is
 refused unless ``force`` is given, and even then it is replaced only by a
 complete new file, in one rename. A failure leaves the old file byte for
 byte and removes only the temporary file this function created.
+
+A journal a run writes as it goes is different: it is the run's evidence, so
+:func:`journal_output` writes a new journal under its own name from the
+first record (a killed run leaves it where the user looks), and only a
+``force`` replacement of an existing journal goes through a file beside it,
+``NAME.new``, renamed over ``NAME`` when the run ends.
 """
 
 from __future__ import annotations
@@ -97,3 +103,37 @@ def discard(tmp: str) -> None:
     for name in (tmp, *(tmp + s for s in _COMPANIONS)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name)
+
+
+#: the suffix of a replacement journal while its run is going (documented)
+NEW = ".new"
+
+
+@contextlib.contextmanager
+def journal_output(path: str | os.PathLike[str], *, force: bool = False) -> Iterator[str]:
+    """Yield where a run writes its journal ``path`` as it goes.
+
+    A new ``path`` is written in place: a run killed at any moment leaves
+    its journal under its own name (replay says UNFINISHED, or CRASH). An
+    existing one is refused unless ``force``; then the run writes
+    ``path + ".new"`` and, however the run ends (success, error, Ctrl-C),
+    renames it over ``path``: the journal of the run that replaced it. A
+    SIGKILL before that leaves the old ``path`` intact and the new one
+    beside it. A ``.new`` file already there was left by another run and is
+    never overwritten.
+    """
+    name = os.fspath(path)
+    refuse_existing(name, force=force)
+    if not os.path.lexists(name):
+        yield name
+        return
+    tmp = name + NEW
+    if os.path.lexists(tmp):
+        raise OutputExists(
+            f"{tmp}: already exists (left by a run that was killed?); move it away first"
+        )
+    try:
+        yield tmp
+    finally:
+        if os.path.exists(tmp):
+            publish(tmp, name, force=True)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from journal import OutputExists, atomic_output
+from journal import OutputExists, atomic_output, journal_output
+from replay import replay
 from replay.cli import main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -144,3 +145,79 @@ def test_an_interrupted_run_publishes_its_journal(tmp_path: Path) -> None:
         raise KeyboardInterrupt
     assert out.read_text() == "records so far"
     assert os.listdir(tmp_path) == ["run.db"]
+
+
+def test_a_new_journal_is_written_under_its_own_name(tmp_path: Path) -> None:
+    out = tmp_path / "run.db"
+    with pytest.raises(RuntimeError), journal_output(out) as where:
+        assert where == str(out)  # nothing to protect: the run writes in place
+        Path(where).write_text("records so far")
+        raise RuntimeError("the run failed")
+    assert out.read_text() == "records so far"  # the evidence stays
+
+
+def test_a_forced_replacement_goes_beside_and_then_over_the_old_journal(tmp_path: Path) -> None:
+    out = tmp_path / "run.db"
+    out.write_text("old run")
+    with journal_output(out, force=True) as where:
+        assert where == f"{out}.new" and out.read_text() == "old run"
+        Path(where).write_text("new run")
+    assert out.read_text() == "new run" and os.listdir(tmp_path) == ["run.db"]
+    (tmp_path / "run.db.new").write_text("left by a killed run")
+    refused = journal_output(out, force=True)
+    with pytest.raises(OutputExists, match=r"run\.db\.new: already exists"), refused:
+        pass
+    assert (tmp_path / "run.db.new").read_text() == "left by a killed run"
+
+
+def _kill_mid_run(argv: list[str], journal: Path, cwd: Path) -> None:
+    """Start ``kvstate run``, SIGKILL it once ``journal`` holds records."""
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replay", *argv], cwd=cwd, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        while proc.poll() is None:  # progress, not a clock: until records are committed
+            try:
+                conn = sqlite3.connect(f"file:{journal}?mode=ro", uri=True)
+                n = conn.execute("SELECT count(*) FROM records").fetchone()[0]
+                conn.close()
+            except sqlite3.Error:
+                n = 0
+            if n > 50:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                return
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    raise AssertionError("the run finished before it could be killed: make it longer")
+
+
+def test_a_sigkilled_run_leaves_its_journal_where_the_user_looks(tmp_path: Path) -> None:
+    journal = tmp_path / "run.db"
+    argv = ["run", "--journal", str(journal), "--requests", "4000"]
+    _kill_mid_run(argv, journal, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))) == [
+        "run.db"
+    ]
+    result = replay([str(journal)])
+    assert result.unfinished and result.events > 50
+
+
+def test_a_sigkilled_forced_run_keeps_the_old_journal_and_the_new_beside_it(tmp_path: Path) -> None:
+    journal = tmp_path / "run.db"
+    assert main(["run", "--journal", str(journal), "--requests", "8"]) == 0
+    before = journal.read_bytes()
+    argv = ["run", "--journal", str(journal), "--requests", "4000", "--force"]
+    _kill_mid_run(argv, Path(f"{journal}.new"), tmp_path)
+    assert journal.read_bytes() == before  # the old run, untouched
+    assert replay([f"{journal}.new"]).unfinished  # the killed one, findable by its documented name

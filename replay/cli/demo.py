@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.text import Text
 
-from journal import JournalError, atomic_output, refuse_existing
+from journal import JournalError, journal_output, refuse_existing
 
 from ..report import emit, report_console
 from ..safe import printable
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
                         console=console,
                         disable=not console.is_terminal,
                     ) as bar,
-                    atomic_output(paths[policy], force=args.force, keep_on_interrupt=True) as tmp,
+                    journal_output(paths[policy], force=args.force) as tmp,
                 ):
                     task = bar.add_task(policy, total=config.requests, step=0)
                     run = run_policy(

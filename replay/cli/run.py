@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from journal import JournalError, atomic_output, refuse_existing
+from journal import JournalError, journal_output, refuse_existing
 
 from ..engine import replay
 from ..report import emit, report_console, summary_line
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with (
             terminations_interrupt(),
-            atomic_output(args.journal, force=args.force, keep_on_interrupt=True) as tmp,
+            journal_output(args.journal, force=args.force) as tmp,
         ):
             sim = Simulation(config, journal=tmp)
             try:
