@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -67,14 +68,33 @@ def test_a_master_killed_mid_run_ends_the_journal_with_engine_crashed(tmp_path: 
     assert [v.code.value for v in result.violations] == ["CRASH"]
 
 
+def _records(path: Path) -> int:
+    """Records committed to ``path`` so far (0 while it has none). The reader is
+    closed at once: a connection left open would keep the writer from leaving
+    WAL mode as it closes, and its -wal and -shm files would stay behind."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return 0
+    try:
+        return int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+    finally:
+        conn.close()
+
+
 def _wait_for_records(folder: Path, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
     """Until a journal being written in ``folder`` has grown past its first steps."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"exited early: {process.stderr.read().decode() if process.stderr else ''}")
-        if any(p.suffix == ".tmp" and p.stat().st_size > 64 << 10 for p in folder.iterdir()):
-            return
+        # A new journal is written under its own name from the first record:
+        # wait until one holds more than its first steps' records.
+        for p in folder.glob("*.db"):
+            if _records(p) > 200:
+                return
         time.sleep(0.05)
     pytest.fail("no journal appeared")
 

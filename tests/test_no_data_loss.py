@@ -172,6 +172,7 @@ def test_a_forced_replacement_goes_beside_and_then_over_the_old_journal(tmp_path
 
 def _kill_mid_run(argv: list[str], journal: Path, cwd: Path) -> None:
     """Start ``kvstate run``, SIGKILL it once ``journal`` holds records."""
+    import contextlib
     import signal
     import sqlite3
     import subprocess
@@ -184,12 +185,13 @@ def _kill_mid_run(argv: list[str], journal: Path, cwd: Path) -> None:
     )  # fmt: skip
     try:
         while proc.poll() is None:  # progress, not a clock: until records are committed
-            try:
+            n = 0
+            with contextlib.suppress(sqlite3.Error):
                 conn = sqlite3.connect(f"file:{journal}?mode=ro", uri=True)
-                n = conn.execute("SELECT count(*) FROM records").fetchone()[0]
-                conn.close()
-            except sqlite3.Error:
-                n = 0
+                try:  # closed at once: an open reader keeps the -wal behind
+                    n = conn.execute("SELECT count(*) FROM records").fetchone()[0]
+                finally:
+                    conn.close()
             if n > 50:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
