@@ -85,7 +85,20 @@ def _records(path: Path) -> int:
 
 
 def _wait_for_records(folder: Path, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    """Until a journal being written in ``folder`` has grown past its first steps."""
+    """Until a journal being written in ``folder`` has grown past its first steps.
+
+    A wait that fails kills the process first: an orphaned run of 100,000
+    requests would load the machine for the rest of the suite.
+    """
+    try:
+        _wait(folder, process, timeout)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+
+
+def _wait(folder: Path, process: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
