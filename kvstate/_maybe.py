@@ -77,11 +77,3 @@ class MaybeSet:
     def __contains__(self, item: object) -> bool:
         h1, h2 = hash(item), hash((item, _SALT)) | 1
         return any(f.has(h1, h2) for f in self._filters)
-
-    def __bool__(self) -> bool:
-        return any(f.count for f in self._filters)
-
-    @property
-    def nbytes(self) -> int:
-        """Memory held by the bits."""
-        return sum(len(f.bits) for f in self._filters)

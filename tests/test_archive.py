@@ -327,3 +327,17 @@ def test_a_long_running_worker_keeps_what_is_live(spill: bool) -> None:
     assert worker.retire("r7", 0)  # nothing outstanding
     with pytest.raises(DuplicateJobError):
         worker.register(JobSpec(7, "r7", 0, ("k7",)))  # still a duplicate
+
+
+def test_the_parked_id_filter_never_says_no_to_a_member() -> None:
+    """Past the first filter's capacity too (it grows by larger ones); "maybe"
+    for a non-member is rare, and only costs a lookup that finds nothing."""
+    from kvstate._maybe import MaybeSet
+
+    seen = MaybeSet()
+    members = [("job", i) for i in range(250_000)] + [f"req-{i}" for i in range(1000)]
+    for m in members:
+        seen.add(m)
+    assert all(m in seen for m in members)
+    wrong = sum(("job", -i) in seen for i in range(1, 20_001))
+    assert wrong < 20_000 * 0.05, wrong
