@@ -13,16 +13,17 @@ Two machines run the same rules:
 * ``kvstate``: the ledgers as they are, strict. After every step no
   invariant is broken and block refs equal the holders counted independently.
 
-In both, after every step, each decision the live ledgers make from their
-guards (generations, tables, held blocks, releasable jobs and pins, live
-jobs, outstanding jobs, saved offsets, retry state) equals the same decision
-derived from the fold of the journal so far: the guards and the fold never
-disagree.
 * ``legacy``: the connector before the fixes (:mod:`kvstate.harness.legacy`).
   The machine keeps its own model of block ownership and of what each rank
   has learned, so it knows independently of the fold when a transfer read a
   block someone else now owns, or a stale job wrote an effect; replay must
   flag each of those.
+
+In both, after every step, each decision the live ledgers make from their
+guards (generations, tables, held blocks, releasable jobs and pins, live
+jobs, outstanding jobs, saved offsets, retry state) equals the same decision
+derived from the fold of the journal so far: the guards and the fold never
+disagree.
 
 Each run ends by draining the engine to idle, writing the journal to a file
 and replaying it with :func:`replay.replay`. Coverage is reported with
@@ -35,15 +36,15 @@ import tempfile
 from collections import Counter, deque
 from pathlib import Path
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, seed, settings
 from hypothesis import event as _hypothesis_event
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    get_state_machine_test,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from journal import write_jsonl
@@ -379,17 +380,19 @@ class LedgerMachine(RuleBasedStateMachine):
         flight.phase = "effects"
 
     @rule(rank=st.integers(0, WORLD - 1), error=st.booleans())
-    def report(self, rank: int, error: bool) -> None:
+    def report(self, rank: int, error: bool = False) -> None:
         flight = self.flight[rank]
         if flight is None:
             return
         self.flight[rank] = None
-        if error:
-            event("exception inside a job")
-            # the body raised: the exception goes through the job's one finally
-            assert flight.context.__exit__(Boom, Boom(), None) is False
-        else:
+        if not error:
             flight.context.__exit__(None, None, None)
+            return
+        event("exception inside a job")
+        # The body raised: the exception goes through the job's one finally and
+        # is not swallowed. A call, not an assert: python -O must still run it.
+        if flight.context.__exit__(Boom, Boom(), None) is not False:
+            raise AssertionError("the job context swallowed the body's exception")
 
     def retire(self, rank: int) -> None:
         worker = self.workers[rank]
@@ -420,7 +423,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         for rank in range(WORLD):
             if self.flight[rank] is not None:
-                self.report(rank, False)
+                self.report(rank)
         for req in self.running() + self.preempted():
             self.finish_now(req)
         for req, gen in sorted(self.held):
@@ -432,7 +435,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     self.deliver(rank)
                     self.start(rank)
                     self.effects(rank, True)
-                    self.report(rank, False)
+                    self.report(rank)
             self.step()
         self.sched.idle()
         self.the_journal_folds()
@@ -502,35 +505,53 @@ class LegacyMachine(LedgerMachine):
     policy = "legacy"
 
 
-# Derandomized: the same interleavings every run, so the coverage assertions
-# below (and the mutation checks they back) never flake on an unlucky seed.
+# Seeded: the same interleavings every run of one hypothesis release. How far a
+# release's generator walks differs between releases (CI once drew a quarter of
+# this machine's "exception inside a job"), so a race that was reached too
+# rarely gets another seeded round instead of a flaky failure.
 SETTINGS = settings(
     max_examples=300,
     stateful_step_count=60,
-    derandomize=True,
     database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
+ROUNDS = 4
+
+
+def run_until_covered(machine: type[LedgerMachine], needs: dict[str, int]) -> int:
+    """Run seeded rounds of ``machine`` until every path in ``needs`` was taken
+    at least that often; returns the rounds it took. Every round checks every
+    invariant at every step, so an extra round only adds evidence."""
+    COVERAGE.clear()
+    for round_ in range(ROUNDS):
+        test = get_state_machine_test(machine, settings=SETTINGS)
+        seed(round_)(test)()
+        if all(COVERAGE[name] >= least for name, least in needs.items()):
+            return round_ + 1
+    raise AssertionError(f"too few interleavings in {ROUNDS} rounds: {dict(COVERAGE)}")
 
 
 def test_kvstate_keeps_every_invariant_in_every_interleaving() -> None:
     LedgerMachine.steps_checked = 0
-    COVERAGE.clear()
-    run_state_machine_as_test(KvstateMachine, settings=SETTINGS)
-    assert LedgerMachine.steps_checked >= 5_000, LedgerMachine.steps_checked
     # the races the test exists for were really interleaved, many times
-    for name in (
-        "preempted with a job in flight",
-        "effect attempted by a stale job",
-        "stale job skipped at dequeue",
-        "exception inside a job",
-    ):
-        assert COVERAGE[name] >= 5, (name, dict(COVERAGE))
+    run_until_covered(
+        KvstateMachine,
+        {
+            "preempted with a job in flight": 5,
+            "effect attempted by a stale job": 5,
+            "stale job skipped at dequeue": 5,
+            "exception inside a job": 5,
+        },
+    )
+    assert LedgerMachine.steps_checked >= 5_000, LedgerMachine.steps_checked
 
 
 def test_replay_flags_what_the_legacy_connector_gets_wrong() -> None:
-    COVERAGE.clear()
-    run_state_machine_as_test(LegacyMachine, settings=SETTINGS)
-    assert COVERAGE["DMA of a block handed to someone else"] >= 20, dict(COVERAGE)
-    assert COVERAGE["legacy run with a known breach, flagged by replay"] >= 20, dict(COVERAGE)
+    run_until_covered(
+        LegacyMachine,
+        {
+            "DMA of a block handed to someone else": 20,
+            "legacy run with a known breach, flagged by replay": 20,
+        },
+    )
