@@ -2,14 +2,14 @@
 
 Several paths are one run written by several processes (the scheduler and
 one per rank). They are merged by ``ts`` when every file's records carry it,
-else concatenated in the order given. A merged stream is renumbered 1..N in
+ties broken by the protocol's causality (:mod:`replay.interleave`), else
+concatenated in the order given. A merged stream is renumbered 1..N in
 merged order so that seqs stay unique; :class:`Origin` maps each position
 back to its file and own seq.
 """
 
 from __future__ import annotations
 
-import heapq
 import os
 from array import array
 from collections.abc import Iterator, Sequence
@@ -18,6 +18,8 @@ from typing import NamedTuple
 from journal import Journal, RecordError, is_journal_file, read_jsonl_lines
 from kvstate import events as ev
 from kvstate.codec import Entry, from_record, from_stored
+
+from .interleave import interleave
 
 
 class Located(NamedTuple):
@@ -66,20 +68,6 @@ class Origin:
         return self.paths[self._file[position - 1]], self._seq[position - 1]
 
 
-def _merge_by_ts(streams: list[Iterator[Located]]) -> Iterator[tuple[int, Located]]:
-    def keyed(index: int, stream: Iterator[Located]) -> Iterator[tuple[int, int, int, Located]]:
-        last_ts = 0
-        for order, item in enumerate(stream):
-            # A record without ts keeps its place after the file's previous one.
-            ts = item.entry.ts if item.entry.ts is not None else last_ts
-            last_ts = ts
-            yield ts, index, order, item
-
-    merged = heapq.merge(*(keyed(i, s) for i, s in enumerate(streams)))
-    for _ts, index, _order, item in merged:
-        yield index, item
-
-
 def _first_has_ts(path: str) -> bool:
     for item in read_path(path):
         return item.entry.ts is not None
@@ -117,7 +105,7 @@ def open_stream(paths: Sequence[str]) -> tuple[Iterator[Located], Origin | None]
     def merged() -> Iterator[Located]:
         streams = [checked(read_path(p), p) for p in paths]
         if by_ts:
-            pairs: Iterator[tuple[int, Located]] = _merge_by_ts(streams)
+            pairs: Iterator[tuple[int, Located]] = interleave(streams)  # type: ignore[assignment]
         else:
             pairs = ((i, item) for i, s in enumerate(streams) for item in s)
         for position, (index, item) in enumerate(pairs, 1):
