@@ -143,6 +143,12 @@ class JournalOpened(Event, frozen=True):
     policy: Scalar = None
     engine: Scalar = None
     created: Scalar = None
+    #: additions to the contract: the run every process of one engine run
+    #: shares, and which process of it wrote this journal ("scheduler",
+    #: "worker-0", ...; absent where one journal holds every side). Readers
+    #: refuse to merge journals of different runs, or one process's twice.
+    run: Scalar = None
+    role: Scalar = None
 
     def __post_init__(self) -> None:
         if self.version != JOURNAL_VERSION or type(self.version) is not int:
@@ -150,7 +156,13 @@ class JournalOpened(Event, frozen=True):
                 f"unknown journal version {self.version!r} (this reader knows version 1)"
             )
         _finite(
-            {"policy": self.policy, "engine": self.engine, "created": self.created},
+            {
+                "policy": self.policy,
+                "engine": self.engine,
+                "created": self.created,
+                "run": self.run,
+                "role": self.role,
+            },
         )
 
 

@@ -278,6 +278,16 @@ class Ledger:
     # -- jobs --------------------------------------------------------------------------
 
     def _on_job_enqueued(self, seq: int, event: ev.JobEnqueued, out: Out) -> None:
+        header = self.header
+        if header is not None and event.world_size != header.world_size:
+            # Every completion and report count is judged against the job's
+            # world_size: one that contradicts the engine's is not a journal
+            # of that engine (two runs merged, or a writer's bug).
+            raise RecordError(
+                f"job_enqueued says world_size={event.world_size} for job {event.job}; "
+                f"journal_opened says world_size={header.world_size}",
+                seq=seq,
+            )
         if self.last_job is not None and event.job <= self.last_job:
             earlier = self.jobs.get(event.job)
             why = f"job id {event.job} is not greater than the earlier job id {self.last_job}"

@@ -20,6 +20,7 @@ import contextlib
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 from journal import Journal, JournalWriter, ProcessWriter
@@ -107,6 +108,8 @@ class Recorder:
         policy: str | None = None,
         engine: str | None = None,
         created: str | None = None,
+        run: str | None = None,
+        role: str | None = None,
     ) -> Recorder:
         """A recorder writing a new journal database at ``path``.
 
@@ -114,7 +117,10 @@ class Recorder:
         committed step survives the process being killed) or ``FULL`` (it
         also survives a power loss); see :mod:`journal.database`.
         ``policy``, ``engine`` and ``created`` are descriptive fields of the
-        ``journal_opened`` header.
+        ``journal_opened`` header. ``run`` names the engine run; give every
+        process of one run the same (a fresh random one when omitted), and
+        each its ``role`` ("scheduler", "worker-0", ...): readers merge only
+        journals of one run, each role once.
 
         Where the journal is written: with ``process`` by a writer process
         (:class:`journal.ProcessWriter`: the engine's thread encodes one blob
@@ -135,6 +141,8 @@ class Recorder:
             policy=policy,
             engine=engine,
             created=created,
+            run=run if run is not None else uuid.uuid4().hex,
+            role=role,
         )
         writer: JournalWriter[Entry] | ProcessWriter[Entry]
         auditor: list[Auditor] = []  # the recorder's, once it exists

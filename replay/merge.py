@@ -40,8 +40,14 @@ def write(source: Iterable[Entry], tmp: str | os.PathLike[str], *, jsonl: bool) 
     return n
 
 
-def merge(paths: Sequence[str], destination: str, *, force: bool = False) -> int:
-    """Merge ``paths`` into ``destination`` (a temporary file renamed into place)."""
+def merge(
+    paths: Sequence[str], destination: str, *, force: bool = False, mixed_runs: bool = False
+) -> int:
+    """Merge ``paths`` into ``destination`` (a temporary file renamed into place).
+
+    ``mixed_runs`` merges journals of different runs on purpose (their ids
+    then share one namespace; see :func:`replay.sources.open_stream`).
+    """
     jsonl = destination.endswith((".jsonl", ".ndjson", ".json"))
     with atomic_output(destination, force=force) as tmp:
-        return write(entries(list(paths)), tmp, jsonl=jsonl)
+        return write(entries(list(paths), mixed_runs=mixed_runs), tmp, jsonl=jsonl)

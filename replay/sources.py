@@ -68,10 +68,49 @@ class Origin:
         return self.paths[self._file[position - 1]], self._seq[position - 1]
 
 
-def _first_has_ts(path: str) -> bool:
+def _first(path: str) -> Located | None:
     for item in read_path(path):
-        return item.entry.ts is not None
-    return False
+        return item
+    return None
+
+
+def _one_run(paths: Sequence[str], firsts: Sequence[Located | None], mixed_runs: bool) -> None:
+    """Refuse to merge what is not one run's journals, each once.
+
+    Merged, two runs' job ids, requests and blocks would collide and read as
+    ID_REUSED, DOUBLE_REPORT and worse: a verdict about a run that never
+    happened. A file named twice, or two journals of one process of one run
+    (a copy), would do the same. Headers without ``run`` (journals of other
+    writers) are taken as the user gives them.
+    """
+    for i, path in enumerate(paths):
+        for earlier in paths[:i]:
+            if os.path.samefile(path, earlier):
+                raise RecordError(
+                    f"named twice (also as {earlier}): a journal merges once", path=path
+                )
+    seen_run: tuple[str, object] | None = None
+    seen_role: dict[tuple[object, object], str] = {}
+    for path, first in zip(paths, firsts, strict=True):
+        header = first.entry.event if first is not None else None
+        if not isinstance(header, ev.JournalOpened) or header.run is None:
+            continue
+        if seen_run is not None and header.run != seen_run[1] and not mixed_runs:
+            raise RecordError(
+                f"a journal of run {header.run!r}, and {seen_run[0]} is of run {seen_run[1]!r}: "
+                "journals of different runs are not merged (replay each run by itself, or "
+                "merge them on purpose with `kvstate convert --mixed-runs`)",
+                path=path,
+            )
+        seen_run = seen_run or (path, header.run)
+        if header.role is not None:
+            other = seen_role.setdefault((header.run, header.role), path)
+            if other != path:
+                raise RecordError(
+                    f"the {header.role} journal of run {header.run!r}, and so is {other}: "
+                    "one process's journal twice (a copy?) is not merged",
+                    path=path,
+                )
 
 
 def checked(items: Iterator[Located], what: str) -> Iterator[Located]:
@@ -95,12 +134,20 @@ def checked(items: Iterator[Located], what: str) -> Iterator[Located]:
         raise RecordError("journal is empty: no journal_opened record", path=what)
 
 
-def open_stream(paths: Sequence[str]) -> tuple[Iterator[Located], Origin | None]:
-    """The records of ``paths`` in replay order, and the origin map when merged."""
+def open_stream(
+    paths: Sequence[str], *, mixed_runs: bool = False
+) -> tuple[Iterator[Located], Origin | None]:
+    """The records of ``paths`` in replay order, and the origin map when merged.
+
+    Several paths must be one run's journals, each once, unless
+    ``mixed_runs`` (an explicit merge of different runs).
+    """
     if len(paths) == 1:
         return checked(read_path(paths[0]), paths[0]), None
     origin = Origin(paths)
-    by_ts = all(_first_has_ts(p) for p in paths)
+    firsts = [_first(p) for p in paths]
+    _one_run(paths, firsts, mixed_runs)
+    by_ts = all(f is not None and f.entry.ts is not None for f in firsts)
 
     def merged() -> Iterator[Located]:
         streams = [checked(read_path(p), p) for p in paths]
@@ -116,9 +163,9 @@ def open_stream(paths: Sequence[str]) -> tuple[Iterator[Located], Origin | None]
     return checked(merged(), ", ".join(paths)), origin
 
 
-def entries(paths: Sequence[str]) -> Iterator[Entry]:
+def entries(paths: Sequence[str], *, mixed_runs: bool = False) -> Iterator[Entry]:
     """The entries of ``paths`` in replay order (merged positions when several)."""
-    stream, _ = open_stream(list(paths))
+    stream, _ = open_stream(list(paths), mixed_runs=mixed_runs)
     return (item.entry for item in stream)
 
 

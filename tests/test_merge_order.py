@@ -124,3 +124,80 @@ def test_a_clock_going_backwards_in_one_file_is_refused_by_name(
     # alone, the file's own order is all replay needs
     assert main(["replay", b]) == 1  # (a rank's records without their scheduler)
     assert "ts goes backwards" not in capsys.readouterr().err
+
+
+def test_journals_of_different_runs_or_one_file_twice_are_not_merged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    simulate(SimConfig(requests=10, seed=1), journal=str(a))
+    simulate(SimConfig(requests=10, seed=2), journal=str(b))
+    # merged, two runs' ids collide: a verdict about a run that never happened
+    for argv in (
+        ["replay", str(a), str(b)],
+        ["timeline", str(a), str(b), "--req", "req-1"],
+        ["export", "--format", "jsonl", str(a), str(b), str(tmp_path / "out.jsonl")],
+        ["convert", str(a), str(b), str(tmp_path / "out.db")],
+    ):
+        assert main(argv) == 2, argv
+        assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "out.db").exists()
+        err = capsys.readouterr().err
+        assert f"{b}: a journal of run 'sim-" in err and "different runs" in err, err
+    assert main(["replay", str(a), str(a)]) == 2
+    assert "named twice" in capsys.readouterr().err
+    (tmp_path / "link.db").symlink_to(a)
+    assert main(["replay", str(a), str(tmp_path / "link.db")]) == 2
+    assert "named twice" in capsys.readouterr().err
+    # merging different runs is possible, on purpose, into a file of its own
+    assert main(["convert", "--mixed-runs", str(a), str(b), str(tmp_path / "both.db")]) == 0
+    capsys.readouterr()
+    assert main(["replay", "--json", str(tmp_path / "both.db")]) == 1  # ids collide, as said
+
+
+def test_a_copy_of_one_process_journal_is_not_merged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sched, rank = tied()
+    sched.records[0].update(run="r1", role="scheduler")
+    rank.records[0].update(run="r1", role="worker-0")
+    sched.admit("a", blocks=[1])
+    paths = write_tied(tmp_path, sched, rank)
+    assert main(["replay", *paths]) == 0
+    copy = tmp_path / "copy.jsonl"
+    copy.write_text(Path(paths[0]).read_text())
+    assert main(["replay", *paths, str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert f"{copy}: the scheduler journal of run 'r1', and so is {paths[0]}" in err
+
+
+def test_a_job_whose_world_size_contradicts_the_header_is_unusable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    j = JournalBuilder(world_size=1)
+    j.admit("a", blocks=[1])
+    seq = j.enqueue(0, "a", 0, reads=[1])
+    j.records[seq - 1]["world_size"] = 4
+    assert main(["replay", str(j.write(tmp_path / "w.jsonl"))]) == 2
+    err = capsys.readouterr().err
+    assert f"w.jsonl:{seq} (seq {seq}): job_enqueued says world_size=4 for job 0" in err
+
+
+def test_every_run_names_itself_and_its_processes_share_the_name(tmp_path: Path) -> None:
+    def header(path: Path) -> object:
+        return next(read_path(str(path))).entry.event
+
+    simulate(SimConfig(requests=4, seed=1), journal=str(tmp_path / "1.db"))
+    simulate(SimConfig(requests=4, seed=1), journal=str(tmp_path / "1again.db"))
+    simulate(SimConfig(requests=4, seed=2), journal=str(tmp_path / "2.db"))
+    one, again, two = (header(tmp_path / n) for n in ("1.db", "1again.db", "2.db"))
+    assert one.run == again.run != two.run  # type: ignore[attr-defined]
+    # the vLLM observer: the engine's instance id, which every process it starts has
+    from types import SimpleNamespace
+
+    from kvstate.vllm._journals import run_name
+
+    config = SimpleNamespace(instance_id="ab12c", kv_transfer_config=None)
+    assert run_name(config) == "vllm-ab12c"
+    named = SimpleNamespace(kv_connector_extra_config={"kvstate_run": "host7-0930"})
+    assert run_name(SimpleNamespace(instance_id="ab12c", kv_transfer_config=named)) == "host7-0930"
+    assert run_name(None) == run_name(None)  # one process, one fallback name

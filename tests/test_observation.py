@@ -78,8 +78,13 @@ def test_a_finish_time_job_larger_than_the_table_overruns() -> None:
 
 
 def test_per_process_journals_commit_per_step_and_merge(tmp_path: Path) -> None:
-    sched_rec = Recorder.open(tmp_path / "sched.db", block_size=4, world_size=1)
-    rank_rec = Recorder.open(tmp_path / "rank0.db", block_size=4, world_size=1)
+    # one run, two processes: the same run in both headers, a role each
+    sched_rec = Recorder.open(
+        tmp_path / "sched.db", block_size=4, world_size=1, run="r1", role="scheduler"
+    )
+    rank_rec = Recorder.open(
+        tmp_path / "rank0.db", block_size=4, world_size=1, run="r1", role="worker-0"
+    )
     sched = SchedulerLedger(sched_rec)
     worker = WorkerLedger(0, rank_rec, commit_steps=True)
     step = sched.begin_step()

@@ -39,7 +39,9 @@ def test_the_writer_process_writes_what_the_thread_writes(tmp_path: Path) -> Non
     paths = []
     for process in (False, True):
         path = tmp_path / f"{process}.db"
-        with Recorder.open(path, block_size=16, world_size=2, process=process, clock=clock) as rec:
+        with Recorder.open(
+            path, block_size=16, world_size=2, process=process, clock=clock, run="one"
+        ) as rec:
             for i, event in enumerate(events):
                 rec.record(event, i // 7)
                 if i % 7 == 6:

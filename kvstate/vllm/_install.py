@@ -148,6 +148,7 @@ def _scheduler_observer(sched: Any) -> SchedulerObserver | None:
                     block_size=sched._block_size,
                     world_size=world,
                     engine=f"vllm {_connector.version} ({_connector.flavor})",
+                    run=_journals.run_name(config),
                 )
                 observer = SchedulerObserver(
                     recorder,
@@ -174,6 +175,7 @@ def _worker_observer(thread: Any) -> WorkerObserver | None:
                     block_size=thread.block_size,
                     world_size=_world_size(config),
                     engine=f"vllm {_connector.version} ({_connector.flavor})",
+                    run=_journals.run_name(config),
                 )
                 observer = WorkerObserver(
                     recorder, rank=rank, fingerprint=bool(_settings["fingerprint"])

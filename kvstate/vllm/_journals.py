@@ -5,12 +5,15 @@ processes ever share a SQLite writer; ``kvstate replay DIR/*.db`` merges them
 by their monotonic timestamps, which one host's processes share. The folder
 comes from, in order: ``install(journal_dir=...)``, the connector's
 ``kv_connector_extra_config["kvstate_journal_dir"]``, the environment
-variable ``KVSTATE_VLLM_JOURNAL_DIR``, else ``./kvstate-journals``.
+variable ``KVSTATE_VLLM_JOURNAL_DIR``, else ``./kvstate-journals``. Every
+journal's header names its run (:func:`run_name`) and its role, so replay
+merges one engine's journals and refuses another engine's.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ from kvstate.recorder import Recorder
 
 ENV = "KVSTATE_VLLM_JOURNAL_DIR"
 EXTRA_KEY = "kvstate_journal_dir"
+RUN_KEY = "kvstate_run"
 DEFAULT = "kvstate-journals"
 
 #: set by ``install(journal_dir=...)``; wins over every other source
@@ -35,8 +39,29 @@ def journal_dir(vllm_config: Any = None) -> Path:
     return Path(found)
 
 
+#: the run name when vLLM's config gives none: one per process (a worker in
+#: the engine's own process, the uniprocess executor, shares it)
+_fallback_run = uuid.uuid4().hex
+
+
+def run_name(vllm_config: Any = None) -> str:
+    """The run every process of one engine shares in its journals' headers.
+
+    ``kv_connector_extra_config["kvstate_run"]`` when an operator names it
+    (a fleet's runs by host and start, say); else vLLM's ``instance_id``,
+    which the engine sets once and hands to every process it starts.
+    """
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    extra = (getattr(transfer, "kv_connector_extra_config", None) or {}) if transfer else {}
+    named = extra.get(RUN_KEY)
+    if named:
+        return str(named)
+    instance = getattr(vllm_config, "instance_id", "")
+    return f"vllm-{instance}" if instance else _fallback_run
+
+
 def open_journal(
-    folder: Path, role: str, *, block_size: int, world_size: int, engine: str
+    folder: Path, role: str, *, block_size: int, world_size: int, engine: str, run: str
 ) -> Recorder:
     """A new journal ``folder/{role}-{pid}.db``; an existing file is never reused.
 
@@ -60,6 +85,8 @@ def open_journal(
         world_size=world_size,
         policy="vllm",
         engine=engine,
+        run=run,
+        role=role,
         process=True,
         audit="commit" if scheduler else "off",
     )

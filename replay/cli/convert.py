@@ -25,13 +25,19 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("source", nargs="+")
     p.add_argument("destination")
     p.add_argument("--force", action="store_true", help="replace DESTINATION if it exists")
+    p.add_argument(
+        "--mixed-runs",
+        action="store_true",
+        help="merge journals of different runs on purpose (every other reader refuses: "
+        "their job ids and requests then share one namespace)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """JSON Lines <-> journal database, record for record; several sources merged."""
     try:
-        n = merge(args.source, args.destination, force=args.force)
+        n = merge(args.source, args.destination, force=args.force, mixed_runs=args.mixed_runs)
     except (JournalError, OSError) as exc:
         return unusable(exc, as_json=False)
     print(f"wrote {n} records to {args.destination}")

@@ -17,12 +17,14 @@ happened (``load_verified``).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import queue
 import random
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
@@ -205,12 +207,19 @@ class Simulation:
         self.virtual_ns = 0
         if clock is None and config.mode == "deterministic":
             clock = self._virtual_clock
+        # Deterministic: one config, one journal, byte for byte, so the run is
+        # named by the config. Threaded runs differ each time: a fresh name.
+        if config.mode == "deterministic":
+            run = "sim-" + hashlib.sha256(repr(config).encode()).hexdigest()[:16]
+        else:
+            run = uuid.uuid4().hex
         header = ev.JournalOpened(
             version=1,
             block_size=config.block_size,
             world_size=config.world_size,
             policy=config.policy,
             engine=f"kvstate simulator ({config.mode}, seed {config.seed})",
+            run=run,
         )
         if journal is not None:
             self.recorder = Recorder.open(
@@ -219,6 +228,7 @@ class Simulation:
                 world_size=config.world_size,
                 policy=config.policy,
                 engine=str(header.engine or ""),
+                run=run,
                 # Not kept: the summary folds the journal back from disk, so
                 # a run of any length holds what is live, not its history.
                 clock=clock or time.monotonic_ns,
