@@ -82,7 +82,12 @@ def test_prefix_release_is_flagged_and_every_wrong_output_explained(
 
 @pytest.mark.vllm
 def test_watchdog_ends_a_run_with_a_crash_not_a_hang(tmp_path: Path) -> None:
-    """A run that outlives its watchdog ends as CRASH, naming the watchdog; never clean."""
+    """A run that stops moving ends as CRASH, naming the watchdog; never clean.
+
+    Each put blocks for 600 s: the engine generates round 1, then waits for
+    its store work with nothing moving, and the watchdog (5 s without
+    progress) ends it. However slow the machine, it is ended for standing
+    still, never for taking long."""
     done = subprocess.run(
         [
             sys.executable,
@@ -100,7 +105,7 @@ def test_watchdog_ends_a_run_with_a_crash_not_a_hang(tmp_path: Path) -> None:
             "--blocks",
             "20",
             "--put-delay",
-            "1",
+            "600",
             "--watchdog",
             "5",
         ],
@@ -115,7 +120,7 @@ def test_watchdog_ends_a_run_with_a_crash_not_a_hang(tmp_path: Path) -> None:
     assert "CRASH" in legacy["codes"]
     result = replay([str(tmp_path / "legacy.db")], require_idle=True)
     crash = [v for v in result.violations if v.code.value == "CRASH"]
-    assert crash and "watchdog" in crash[0].message
+    assert crash and "watchdog: no progress for 5 s" in crash[0].message
     assert not result.unfinished  # the journal ends with engine_crashed
 
 

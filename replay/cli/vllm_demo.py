@@ -53,8 +53,9 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument(
         "--watchdog",
         type=float,
-        default=300.0,
-        help="seconds after which a run that has not finished is ended, as a crash",
+        default=120.0,
+        help="seconds without progress (no engine step with output, no put) after which a "
+        "run is ended, as a crash; how long a run takes never ends it (default: %(default)s)",
     )
     p.add_argument(
         "--release",

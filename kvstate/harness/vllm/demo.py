@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from kvstate.harness.live.master import MasterAddress
+from kvstate.harness.vllm import progress
 
 #: release -> the name of its journal in OUT
 NAMES = {"0.27.1": "legacy", "0.32.0": "fixed"}
@@ -34,8 +35,9 @@ class Workload:
     #: seconds each put on the sending thread is delayed (the race's window)
     put_delay: float = 0.1
     seed: int = 0
-    #: a run that takes longer is ended by its watchdog (the journal says so)
-    watchdog: float = 300.0
+    #: seconds with no progress (no step with output, no put) after which a run
+    #: is ended by its watchdog, however long it took (the journal says so)
+    watchdog: float = 120.0
 
     def engine_config(self) -> dict[str, Any]:
         return {
@@ -60,34 +62,37 @@ def run_engine(
     workdir: Path,
     name: str,
     env: dict[str, str],
-    timeout: float,
+    stall_s: float,
 ) -> dict[str, Any]:
     """One engine run (:mod:`kvstate.harness.vllm.engine`) in ``python``'s venv; its result.
 
-    Config, result and log are files named ``name`` in ``workdir``; a run that
-    leaves no result raises :class:`DemoError` with the log's tail.
+    Config, result, heartbeat and log are files named ``name`` in ``workdir``;
+    a run that leaves no result raises :class:`DemoError` with the log's tail.
+    However long the run takes, it is waited for while its heartbeat or its
+    log changes; one that shows neither for ``stall_s`` seconds (frozen, so
+    its own watchdog could not end it) is killed.
     """
     cfg_path = workdir / f"{name}.json"
     out_path = workdir / f"{name}.out.json"
     log_path = workdir / f"{name}.log"
-    cfg_path.write_text(json.dumps({**config, "out": str(out_path)}))
+    beat_path = workdir / f"{name}.progress"
+    cfg_path.write_text(json.dumps({**config, "out": str(out_path), "heartbeat": str(beat_path)}))
     with open(log_path, "wb") as log:
-        try:
-            done = subprocess.run(
-                [str(python), "-m", "kvstate.harness.vllm.engine", str(cfg_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise DemoError(f"{name}: the engine did not exit in {timeout:.0f} s") from exc
+        child = subprocess.Popen(
+            [str(python), "-m", "kvstate.harness.vllm.engine", str(cfg_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        status = progress.wait(child, stall_s, beat_path, log_path)
+    if status is None:
+        raise DemoError(
+            f"{name}: the engine showed no progress and wrote nothing for {stall_s:g} s; "
+            f"killed (log: {log_path})"
+        )
     if not out_path.exists():
         tail = log_path.read_text(errors="replace").splitlines()[-15:]
-        raise DemoError(
-            f"{name}: the engine exited {done.returncode} without a result:\n" + "\n".join(tail)
-        )
+        raise DemoError(f"{name}: the engine exited {status} without a result:\n" + "\n".join(tail))
     return dict(json.loads(out_path.read_text()))
 
 

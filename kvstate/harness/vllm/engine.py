@@ -13,8 +13,11 @@ vLLM's connector without kvstate (the overhead benchmark's baseline).
 ``via="install"`` through ``kvstate.vllm.install()`` and vLLM's own name.
 
 A watchdog ends a run that stops making progress (the connector before
-vLLM #52372 can starve its pool): the journals end with ``engine_crashed``
-naming it, and the result says so. Nothing here changes a vLLM decision.
+vLLM #52372 can starve its pool): no step with output and no put for
+``watchdog`` seconds, however long the run has taken
+(:mod:`kvstate.harness.vllm.progress`). The journals then end with
+``engine_crashed`` naming it, and the result says so. Nothing here changes a
+vLLM decision.
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ import json
 import os
 import random
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from journal import atomic_output
+from kvstate.harness.vllm.progress import Progress, Watchdog, count_steps
 
 BLOCK_SIZE = 32
 
@@ -59,19 +62,22 @@ class _CpuEvent:
 class _SlowPuts:
     """The sending thread's store handle, each put delayed (the demo's knob)."""
 
-    def __init__(self, store: Any, delay: float) -> None:
+    def __init__(self, store: Any, delay: float, progress: Progress) -> None:
         self._store = store
         self._delay = delay
+        self._progress = progress
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
     def batch_put_from_multi_buffers(self, *args: Any) -> Any:
         time.sleep(self._delay)
-        return self._store.batch_put_from_multi_buffers(*args)
+        done = self._store.batch_put_from_multi_buffers(*args)
+        self._progress.puts += 1
+        return done
 
 
-def _slow_puts(delay: float) -> None:
+def _slow_puts(delay: float, progress: Progress) -> None:
     from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import worker
 
     cls = worker.KVCacheStoreSendingThread
@@ -79,7 +85,7 @@ def _slow_puts(delay: float) -> None:
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self.store = _SlowPuts(self.store, delay)
+        self.store = _SlowPuts(self.store, delay, progress)
 
     cls.__init__ = __init__
 
@@ -103,6 +109,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     mode = cfg["mode"]
     result: dict[str, Any] = {"mode": mode, "round1": {}, "round2": {}}
     started = time.monotonic()
+    progress = Progress()
     journaled = mode == "journal"
     profiled = None  # a cpu_profile.Attribution when the config asks for one
     if mode != "reference":
@@ -120,21 +127,25 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             else:
                 kvstate.vllm.install(cfg["journal_dir"], fingerprint=cfg.get("fingerprint", True))
         if cfg.get("put_delay", 0) > 0:
-            _slow_puts(float(cfg["put_delay"]))
+            _slow_puts(float(cfg["put_delay"]), progress)
 
     out_path = Path(cfg["out"])
 
-    def watchdog() -> None:
-        result["watchdog"] = f"no result {cfg['watchdog']} s after the engine started"
+    def stalled(why: str) -> None:
+        result["watchdog"] = why
         result["seconds"] = round(time.monotonic() - started, 1)
         if journaled:
             import kvstate.vllm
 
-            kvstate.vllm.finish(
-                error=f"watchdog: no result {cfg['watchdog']} s after the engine started"
-            )
+            kvstate.vllm.finish(error=f"watchdog: {why}")
         _write_json(out_path, result)
         os._exit(3)
+
+    heartbeat = cfg.get("heartbeat")
+    watchdog = Watchdog(
+        progress, float(cfg["watchdog"]), stalled, Path(heartbeat) if heartbeat else None
+    )
+    watchdog.start()
 
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
@@ -173,10 +184,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         seed=0,
         **kwargs,
     )
-    # The watchdog times the work, from here: the engine is up.
-    timer = threading.Timer(float(cfg["watchdog"]), watchdog)
-    timer.daemon = True
-    timer.start()
+    # The watchdog is armed from here: the engine is up, and must keep moving.
+    count_steps(llm.llm_engine, progress)
+    progress.phase = "round 1"
     params = SamplingParams(temperature=0.0, max_tokens=cfg["max_tokens"], ignore_eos=True)
     work = prompts(cfg["prompts"], cfg["groups"], cfg.get("seed", 0))
     result["engine_started_s"] = round(time.monotonic() - started, 1)
@@ -194,15 +204,18 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     result["round1"] = generate(list(range(len(work))))
     result["round1_s"] = round(time.monotonic() - t0, 2)
     if mode != "reference" and cfg.get("round2", True):
-        result["reset"] = _drain_and_reset(llm, cfg.get("drain_s", 30))
+        progress.phase = "draining before round 2"
+        result["reset"] = _drain_and_reset(llm)
+        progress.phase = "round 2"
         t0 = time.monotonic()
         for i in range(len(work)):
             result["round2"].update(generate([i]))
         result["round2_s"] = round(time.monotonic() - t0, 2)
     if mode != "reference":
         # Store jobs still in flight hold pins; the engine is idle only once they report.
-        result["drained"] = _drain(llm, cfg.get("drain_s", 30))
-    timer.cancel()
+        progress.phase = "draining"
+        result["drained"] = _drain(llm)
+    watchdog.stop()
     if journaled:
         import kvstate.vllm
 
@@ -215,11 +228,11 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _drain(llm: Any, seconds: float) -> bool:
-    """Step an idle engine until the connector holds no store work (or time runs out)."""
+def _drain(llm: Any) -> bool:
+    """Step an idle engine until the connector holds no store work (puts that
+    stop completing are the watchdog's to end)."""
     engine = llm.llm_engine
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while True:
         core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
         scheduler = getattr(core, "scheduler", None)
         connector = getattr(scheduler, "connector", None)
@@ -228,18 +241,16 @@ def _drain(llm: Any, seconds: float) -> bool:
             return True
         engine.step()
         time.sleep(0.01)
-    return False
 
 
-def _drain_and_reset(llm: Any, seconds: float) -> bool:
-    """Reset the local prefix cache (not the store) once the store work drained."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        _drain(llm, max(0.1, deadline - time.monotonic()))
+def _drain_and_reset(llm: Any) -> bool:
+    """Reset the local prefix cache (not the store) once the store work drained
+    (a reset that never succeeds is a stall, the watchdog's to end)."""
+    while True:
+        _drain(llm)
         if llm.reset_prefix_cache():
             return True
         time.sleep(0.2)
-    return False
 
 
 def main(argv: list[str] | None = None) -> int:
