@@ -14,7 +14,7 @@ import json
 import signal
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from journal import RecordError
 
@@ -31,7 +31,19 @@ EXIT_UNUSABLE = 2
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse exits 2 on bad arguments too; keep its usage line and our prefix."""
+    """argparse exits 2 on bad arguments too; keep its usage line and our prefix.
+
+    Every option with a default says it in ``--help``.
+    """
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        default = action.default
+        unset = default is None or default is False or default is argparse.SUPPRESS
+        shown = action.option_strings and not unset
+        if shown and "default" not in (action.help or ""):
+            action.help = f"{action.help or ''} (default: %(default)s)".lstrip()
+        return action
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
