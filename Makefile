@@ -37,7 +37,8 @@ vllm-demo: setup vllm-venvs
 vllm-venvs: setup
 	$(BIN)/python -m kvstate.harness.vllm.venvs
 
-# ruff and mypy first, so the last line CI prints is pytest's summary. The
+# ruff, mypy and the dead-code check first, so the last line CI prints is
+# pytest's summary. The
 # -O pass runs what depends on assertions being stripped: the invariants
 # raise explicit exceptions, and the guards and strict mode must still hold
 # (a bare assert would vanish there). Then the whole suite, real vLLM included.
@@ -46,6 +47,7 @@ O_TESTS := tests/test_violations.py tests/test_ledgers.py tests/test_stateful.py
 test: setup vllm-venvs
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/vulture
 	$(BIN)/python -O -m pytest -p no:cacheprovider -W ignore::pytest.PytestConfigWarning $(O_TESTS)
 	$(BIN)/python -m pytest
 
@@ -57,6 +59,8 @@ test-quick: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/vulture
 
 # Thousands of SIGKILLs of a journal writer (docs/reliability.md).
 soak: setup

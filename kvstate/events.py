@@ -41,8 +41,6 @@ SIDE_SCHEDULER = "scheduler"
 SIDE_WORKER = "worker"
 SIDE_AUDIT = "audit"
 
-MODES = ("append", "replace")
-SKIP_REASONS = ("stale", "pressure", "empty", "error")
 
 #: ids and counts are signed 64-bit integers on disk
 INT_MIN = -(2**63)
@@ -496,22 +494,6 @@ class KeyMissing(Event, frozen=True):
     reason: str
 
 
-#: the effect kinds that a stale job must never write (docs/events.md, "Violation codes")
-EFFECT_KINDS = frozenset(
-    {
-        "offset_saved",
-        "request_marked_skipped",
-        "retry_tokens_set",
-        "retry_tokens_cleared",
-        "request_retired",
-    }
-)
-
-
 def rank_of(event: Event) -> int | None:
     """The rank of a worker event; None for every other side."""
     return getattr(event, "rank", None) if event.side == SIDE_WORKER else None
-
-
-WORKER_KINDS = frozenset(k for k, c in EVENT_TYPES.items() if c.side == SIDE_WORKER)
-SCHEDULER_KINDS = frozenset(k for k, c in EVENT_TYPES.items() if c.side == SIDE_SCHEDULER)

@@ -155,10 +155,6 @@ class StoreJobState:
     def reported_ranks(self) -> int:
         return sum(1 for rj in self.ranks.values() if rj.reported_seq is not None)
 
-    @property
-    def pins_held(self) -> bool:
-        return bool(self.pins) and self.released_seq is None
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "job": self.job,

@@ -39,13 +39,6 @@ def _box(plain: bool) -> box.Box:
     return box.ASCII if plain else box.SIMPLE_HEAD
 
 
-def _entities(v: Violation) -> Text:
-    parts = [
-        f"{name} {getattr(v, name)}" for name in _ENTITY_COLUMNS if getattr(v, name) is not None
-    ]
-    return literal(", ".join(parts))
-
-
 def _findings_table(
     result: ReplayResult, findings: list[Violation], title: str, plain: bool
 ) -> Table:

@@ -250,8 +250,6 @@ class Simulation:
             for s in stores
         ]
         self.store = self.stores[0]
-        #: set when the store failed as a whole: the audit cannot read it back
-        self.store_failed: st.StoreError | None = None
         self.memory = memory or HostBlocks(config.blocks, config.block_bytes, config.world_size)
         self.pool = BlockPool(config.blocks)
         # The legacy policy runs with the set of old behaviours the config names.
@@ -381,7 +379,6 @@ class Simulation:
             self._crash(str(crash))
         except st.StoreError as exc:
             outcome = "crashed"
-            self.store_failed = exc
             self._crash(f"the store failed: {exc}")
         except Exception as exc:
             outcome = "crashed"
