@@ -16,7 +16,18 @@ from collections.abc import Sequence
 from ._common import EXIT_UNUSABLE, Parser, interrupted_status
 
 #: command name -> module, in the order ``kvstate --help`` lists them
-COMMANDS = ("replay", "timeline", "inspect", "export", "convert", "run", "demo", "vllm_demo", "zoo")
+COMMANDS = (
+    "replay",
+    "timeline",
+    "inspect",
+    "export",
+    "convert",
+    "fleet_check",
+    "run",
+    "demo",
+    "vllm_demo",
+    "zoo",
+)
 
 
 def build_parser() -> Parser:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import TYPE_CHECKING
 
 from journal import JournalError, journal_output, refuse_existing
 
@@ -11,6 +13,7 @@ from ..engine import replay
 from ..report import emit, report_console, summary_line
 from ..safe import literal, printable
 from ._common import (
+    EXIT_CLEAN,
     EXIT_UNUSABLE,
     EXIT_VIOLATIONS,
     Subparsers,
@@ -19,6 +22,9 @@ from ._common import (
     unusable,
 )
 from ._summary import summary_table
+
+if TYPE_CHECKING:
+    from kvstate.harness.sim.runtime import SimConfig
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -79,6 +85,26 @@ def add_parser(sub: Subparsers) -> None:
         default="kv_producer",
         help="a consumer saves only decode blocks, and only with --save-decode-cache",
     )
+    fleet = p.add_argument_group(
+        "a fleet",
+        "several engines of this configuration, one after another, each journaled as a run "
+        "of its own (FOLDER/engine-NNN.db); check them together with kvstate fleet-check",
+    )
+    fleet.add_argument("--engines", type=int, default=1, help="how many engines")
+    fleet.add_argument(
+        "--store",
+        choices=("own", "shared"),
+        default="own",
+        help="shared: every engine uses one store, so later engines load what earlier "
+        "engines stored",
+    )
+    fleet.add_argument(
+        "--legacy-engines",
+        type=int,
+        default=0,
+        metavar="K",
+        help="the first K engines run the legacy connector (--legacy-bugs)",
+    )
     p.set_defaults(func=run)
 
 
@@ -127,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
             faults=Faults.parse(args.faults),
             **{name: value for name, value in given.items() if value is not None},
         )
+        if args.engines > 1 or args.legacy_engines:
+            return _fleet(args, config)
         refuse_existing(args.journal, force=args.force)
     except (ValueError, JournalError, OSError) as exc:
         return unusable(exc, as_json=False)
@@ -183,3 +211,33 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_UNUSABLE
     return verdict.exit_status
+
+
+def _fleet(args: argparse.Namespace, config: SimConfig) -> int:
+    """``--engines N``: the engines one after another, a journal each in a folder."""
+    from kvstate.harness.sim.fleet import engine_journal, simulate_fleet
+
+    folder = args.journal if args.journal != "run.db" else "fleet"
+    os.makedirs(folder, exist_ok=True)
+    for index in range(1, args.engines + 1):
+        # Each engine's journal is new: nothing a user already has is replaced.
+        refuse_existing(engine_journal(folder, index), force=False)
+    done = simulate_fleet(
+        config,
+        folder,
+        engines=args.engines,
+        legacy_engines=args.legacy_engines,
+        shared_store=args.store == "shared",
+    )
+    console = report_console()
+    emit(console, summary_table([summary for _, summary in done]))
+    status = EXIT_CLEAN
+    for path, _ in done:
+        verdict = replay([path])
+        status = max(status, verdict.exit_status)
+        emit(console, literal(f"{path}: {verdict.verdict}"))
+    emit(
+        console,
+        literal(f"journals in {folder}; check them together with: kvstate fleet-check {folder}"),
+    )
+    return status

@@ -201,17 +201,19 @@ class Simulation:
         stores: list[st.Store] | None = None,
         memory: BlockMemory | None = None,
         clock: Callable[[], int] | None = None,
+        run: str | None = None,
     ) -> None:
         self.config = config
         self.rng = random.Random(config.seed)
         self.virtual_ns = 0
         if clock is None and config.mode == "deterministic":
             clock = self._virtual_clock
-        # Deterministic: one config, one journal, byte for byte, so the run is
-        # named by the config. Threaded runs differ each time: a fresh name.
-        if config.mode == "deterministic":
+        # Unless the caller names it (one of several engines of one config):
+        # deterministic, one config is one journal byte for byte, so the run
+        # is named by the config; threaded runs differ each time.
+        if run is None and config.mode == "deterministic":
             run = "sim-" + hashlib.sha256(repr(config).encode()).hexdigest()[:16]
-        else:
+        elif run is None:
             run = uuid.uuid4().hex
         header = ev.JournalOpened(
             version=1,

@@ -1,0 +1,196 @@
+"""``kvstate fleet-check``: every run of a fleet replayed in parallel, and the
+keys one run poisoned that another run loaded."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from journal import JournalError
+
+if TYPE_CHECKING:
+    from ..facts import RunVerdict
+
+from rich import box
+from rich.table import Table
+
+from ..report import emit, report_console
+from ..safe import literal
+from ._common import (
+    EXIT_CLEAN,
+    EXIT_UNUSABLE,
+    EXIT_VIOLATIONS,
+    Subparsers,
+    to_json,
+    unusable,
+)
+
+
+def add_parser(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "fleet-check",
+        help="replay every run under a folder in parallel and join their facts with DuckDB",
+        description="Group the journals under PATH by the run their headers name, replay each "
+        "run on its own worker (a local process pool, or Ray tasks with --ray), write each "
+        "run's facts to Parquet, and report each run's verdict and every key that one run "
+        "poisoned and another run loaded. Exit 0 when every run is clean and nothing crossed, "
+        "1 otherwise, 2 when a run's journals are unusable.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="folders or journal files")
+    p.add_argument(
+        "--facts",
+        metavar="DIR",
+        help="where each run's facts go, one Parquet file per run (default: kvstate-facts "
+        "under the first PATH that is a folder, else beside the first journal); an "
+        "unchanged run's facts are reused",
+    )
+    p.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="local worker processes"
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="run each run's replay as a Ray task: on the cluster at ADDRESS, or on a local "
+        "Ray instance started for the check (needs the optional extra kvstate[ray])",
+    )
+    p.add_argument(
+        "--limit", type=int, default=20, metavar="N", help="print at most N cross-run loads"
+    )
+    p.add_argument(
+        "--sql",
+        metavar="QUERY",
+        help="instead of the report, run QUERY in DuckDB over the view facts (every "
+        "checked run's facts) and print its result",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p.set_defaults(func=run)
+
+
+def _facts_dir(args: argparse.Namespace) -> str:
+    if args.facts:
+        return str(args.facts)
+    folder = next((p for p in args.paths if os.path.isdir(p)), None)
+    if folder is None:
+        folder = os.path.dirname(os.path.abspath(args.paths[0]))
+    return os.path.join(folder, "kvstate-facts")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import fleet, runs
+
+    try:
+        grouped = runs.group(args.paths)
+        ray: str | bool | None = False if args.ray is None else (args.ray or None)
+        verdicts = fleet.check_runs(
+            grouped, _facts_dir(args), workers=args.workers, ray_address=ray
+        )
+        crossed = fleet.cross_run([v.facts for v in verdicts if v.facts])
+    except (JournalError, OSError) as exc:
+        return unusable(exc, as_json=args.json)
+    if args.sql:
+        return _query([v.facts for v in verdicts if v.facts], args.sql, as_json=args.json)
+    status = max((v.exit_status for v in verdicts), default=EXIT_CLEAN)
+    if crossed and status == EXIT_CLEAN:
+        status = EXIT_VIOLATIONS
+    if args.json:
+        print(
+            to_json(
+                {
+                    "runs": [
+                        {
+                            "run": v.run,
+                            "paths": list(v.paths),
+                            "events": v.events,
+                            "verdict": v.verdict,
+                            "exit_status": v.exit_status,
+                            "codes": v.codes,
+                            "unfinished": v.unfinished,
+                            "facts": v.facts,
+                            "error": v.error,
+                        }
+                        for v in verdicts
+                    ],
+                    "cross_run": crossed,
+                }
+            )
+        )
+        return status
+    _print(verdicts, crossed, args.limit)
+    return status
+
+
+def _print(verdicts: list[RunVerdict], crossed: list[dict[str, Any]], limit: int) -> None:
+    from_outside: Counter[str] = Counter()
+    sources: dict[str, set[str]] = {}
+    for row in crossed:
+        if not row["load_ok"]:
+            from_outside[row["loaded_run"]] += 1
+            sources.setdefault(row["loaded_run"], set()).add(row["written_run"])
+    print(f"{len(verdicts)} runs")
+    for v in verdicts:
+        if v.error:
+            print(f"  {v.run}: unusable: {v.error}")
+            continue
+        codes = ", ".join(f"{code} {n}" for code, n in sorted(v.codes.items())) or "-"
+        line = f"  {v.run}: {v.verdict} ({v.events} records, {len(v.paths)} files) {codes}"
+        if v.unfinished:
+            line += " [UNFINISHED: end-of-run checks not run]"
+        print(line)
+        wrong = v.codes.get("WRONG_KV_LOADED", 0)
+        if from_outside[v.run]:
+            names = ", ".join(sorted(sources[v.run]))
+            print(
+                f"    {from_outside[v.run]} of its {wrong} WRONG_KV_LOADED loaded keys poisoned "
+                f"in another run ({names}): the poison came from outside"
+            )
+    if not crossed:
+        print("no key poisoned in one run was loaded in another")
+        return
+    bad = sum(1 for row in crossed if not row["load_ok"])
+    print(f"{len(crossed)} loads of keys poisoned in another run ({bad} loaded wrong KV):")
+    for row in crossed[:limit]:
+        outcome = "wrong KV" if not row["load_ok"] else "read back right"
+        read = (
+            f", poisoned read at seq {row['poisoned_read_seq']}"
+            if row["poisoned_read_seq"] is not None
+            else ""
+        )
+        print(
+            f"  {row['loaded_run']} {row['loaded_file']}:{row['loaded_seq']} "
+            f"req {row['loaded_req']} gen {row['loaded_gen']} loaded {row['key']} ({outcome}); "
+            f"written by job {row['written_job']} of req {row['written_req']} in "
+            f"{row['written_run']} (enqueued {row['written_file']}:{row['written_seq']}{read})"
+        )
+    if len(crossed) > limit:
+        print(f"  ... {len(crossed) - limit} more (--limit, or --json for all)")
+
+
+def _query(facts: list[str], sql: str, *, as_json: bool) -> int:
+    """A user's question in DuckDB SQL over the runs' facts."""
+    import duckdb
+
+    from .. import fleet
+
+    con = fleet.connect(facts)
+    try:
+        cursor = con.execute(sql)
+        names = [d[0] for d in cursor.description or ()]
+        rows = cursor.fetchall()
+    except duckdb.Error as exc:
+        print(f"kvstate: error: --sql: {exc}".splitlines()[0], file=sys.stderr)
+        return EXIT_UNUSABLE
+    finally:
+        con.close()
+    if as_json:
+        print(to_json([dict(zip(names, row, strict=True)) for row in rows]))
+        return EXIT_CLEAN
+    table = Table(*names, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for row in rows:
+        table.add_row(*(literal("" if v is None else str(v)) for v in row))
+    emit(report_console(), table)
+    return EXIT_CLEAN

@@ -1,0 +1,163 @@
+"""A fleet's runs checked in parallel, and joined across runs with SQL.
+
+Each run (its journals, grouped by :mod:`replay.runs`) is replayed on its own
+worker, which writes the run's facts (:mod:`replay.facts`). Locally the
+workers are a process pool sized to the machine; with Ray they are Ray tasks
+on a cluster whose nodes see the same paths. Either way each run's verdict is
+exactly its replay's. DuckDB then reads every facts file at once and finds
+what no single run can show: keys poisoned in one run and loaded in another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from journal import JournalError
+
+from .facts import SOURCES_KEY, VERDICT_KEY, RunVerdict, sources_signature, write_facts
+
+
+def facts_path(facts_dir: str, run: str) -> str:
+    """Where a run's facts go: a readable, file-safe name, unique per run."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", run)[:60]
+    digest = hashlib.sha256(run.encode()).hexdigest()[:8]
+    return os.path.join(facts_dir, f"{safe}-{digest}.parquet")
+
+
+def _stored(out: str, paths: Sequence[str]) -> RunVerdict | None:
+    """The verdict stored with an up-to-date facts file; None when there is
+    none or it is stale. A file there that kvstate did not write is refused."""
+    if not os.path.exists(out):
+        return None
+    import pyarrow.parquet as pq
+
+    meta = pq.read_schema(out).metadata or {}
+    if SOURCES_KEY not in meta:
+        raise JournalError(f"{out}: exists and is not a kvstate facts file; not replaced")
+    if meta[SOURCES_KEY].decode() != sources_signature(paths) or VERDICT_KEY not in meta:
+        return None
+    return RunVerdict(**{**json.loads(meta[VERDICT_KEY]), "paths": tuple(paths), "facts": out})
+
+
+def check_run(run: str, paths: Sequence[str], facts_dir: str) -> RunVerdict:
+    """One worker's task: replay a run and write its facts (or reuse them)."""
+    out = facts_path(facts_dir, run)
+    try:
+        stored = _stored(out, paths)
+        if stored is not None:
+            return stored
+        return write_facts(run, paths, out, force=os.path.exists(out))
+    except (JournalError, OSError) as exc:
+        return RunVerdict(run, tuple(paths), 0, "unusable", 2, {}, False, error=str(exc))
+
+
+def _local(tasks: list[tuple[str, list[str]]], facts_dir: str, workers: int) -> list[RunVerdict]:
+    if workers <= 1 or len(tasks) <= 1:
+        return [check_run(run, paths, facts_dir) for run, paths in tasks]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(check_run, run, paths, facts_dir) for run, paths in tasks]
+        return [f.result() for f in futures]
+
+
+def _on_ray(
+    tasks: list[tuple[str, list[str]]], facts_dir: str, address: str | None
+) -> list[RunVerdict]:
+    try:
+        import ray
+    except ImportError as exc:
+        raise JournalError(
+            "--ray needs Ray: pip install 'kvstate[ray]' (it is an optional extra)"
+        ) from exc
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = ray.remote(check_run)
+        return list(ray.get([remote.remote(run, paths, facts_dir) for run, paths in tasks]))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def check_runs(
+    runs: dict[str, list[str]],
+    facts_dir: str,
+    *,
+    workers: int | None = None,
+    ray_address: str | bool | None = False,
+) -> list[RunVerdict]:
+    """Every run's verdict, in run order, each run on its own worker.
+
+    ``ray_address``: False runs a local process pool of ``workers`` (default:
+    the machine's cores); None starts a local Ray instance; a string joins
+    that Ray cluster.
+    """
+    os.makedirs(facts_dir, exist_ok=True)
+    tasks = list(runs.items())
+    if ray_address is not False:
+        return _on_ray(tasks, facts_dir, ray_address if isinstance(ray_address, str) else None)
+    return _local(tasks, facts_dir, workers or os.cpu_count() or 1)
+
+
+#: keys poisoned in one run (they read back wrong, or a job whose device read
+#: was poisoned wrote them) and loaded by a request of another run, with the
+#: writing job's enqueue and poisoned read named in the writer's files
+CROSS_RUN_SQL = """
+WITH jobs AS (
+    SELECT run, job, arg_min(file, seq) AS file, arg_min(file_seq, seq) AS file_seq,
+           arg_min(req, seq) AS req
+    FROM facts WHERE fact = 'key_written'
+    GROUP BY run, job
+),
+poisoned AS (
+    SELECT run, key, arg_min(job, seq) AS job
+    FROM facts
+    WHERE (fact = 'key_written' AND verdict = 'poisoned_read')
+       OR (fact = 'key_verified' AND NOT ok)
+    GROUP BY run, key
+),
+read_poisoned AS (
+    SELECT run, job, arg_min(file_seq, seq) AS file_seq FROM facts
+    WHERE fact = 'violation' AND code = 'POISONED_READ'
+    GROUP BY run, job
+)
+SELECT l.run AS loaded_run, l.file AS loaded_file, l.file_seq AS loaded_seq,
+       l.req AS loaded_req, l.gen AS loaded_gen, l.key, l.ok AS load_ok,
+       p.run AS written_run, j.file AS written_file, j.file_seq AS written_seq,
+       p.job AS written_job, j.req AS written_req, r.file_seq AS poisoned_read_seq
+FROM facts AS l
+JOIN poisoned AS p ON p.key = l.key AND p.run <> l.run
+LEFT JOIN jobs AS j ON j.run = p.run AND j.job = p.job
+LEFT JOIN read_poisoned AS r ON r.run = p.run AND r.job = p.job
+WHERE l.fact = 'key_loaded'
+ORDER BY l.run, l.seq, p.run
+"""
+
+
+def connect(facts: Sequence[str]) -> Any:
+    """A DuckDB connection with the view ``facts`` over the given Parquet files."""
+    import duckdb
+
+    con = duckdb.connect()
+    files = ", ".join("'" + f.replace("'", "''") + "'" for f in facts)
+    con.execute(f"CREATE VIEW facts AS SELECT * FROM read_parquet([{files}], union_by_name=true)")
+    return con
+
+
+def cross_run(facts: Sequence[str]) -> list[dict[str, Any]]:
+    """Loads of keys poisoned in another run, with both runs' records named."""
+    if not facts:
+        return []
+    con = connect(facts)
+    try:
+        cursor = con.execute(CROSS_RUN_SQL)
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    finally:
+        con.close()
