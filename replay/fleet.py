@@ -37,7 +37,10 @@ def _stored(out: str, paths: Sequence[str]) -> RunVerdict | None:
         return None
     import pyarrow.parquet as pq
 
-    meta = pq.read_schema(out).metadata or {}
+    try:
+        meta = pq.read_schema(out).metadata or {}
+    except (OSError, ValueError):  # pyarrow's ArrowInvalid is a ValueError
+        meta = {}
     if SOURCES_KEY not in meta:
         raise JournalError(f"{out}: exists and is not a kvstate facts file; not replaced")
     if meta[SOURCES_KEY].decode() != sources_signature(paths) or VERDICT_KEY not in meta:
@@ -105,9 +108,12 @@ def check_runs(
     return _local(tasks, facts_dir, workers or os.cpu_count() or 1)
 
 
-#: keys poisoned in one run (they read back wrong, or a job whose device read
-#: was poisoned wrote them) and loaded by a request of another run, with the
-#: writing job's enqueue and poisoned read named in the writer's files
+#: wrong loads (the KV a request of one run loaded was not what it should
+#: be) of keys poisoned in another run (they read back wrong there, or a job
+#: whose device read was poisoned wrote them), with the writing job's enqueue
+#: and poisoned read named in the writer's files. Only wrong loads: a key
+#: name says nothing of which store held it, and a load that read the right
+#: bytes came from a store the poisoned put never reached.
 CROSS_RUN_SQL = """
 WITH jobs AS (
     SELECT run, job, arg_min(file, seq) AS file, arg_min(file_seq, seq) AS file_seq,
@@ -135,7 +141,7 @@ FROM facts AS l
 JOIN poisoned AS p ON p.key = l.key AND p.run <> l.run
 LEFT JOIN jobs AS j ON j.run = p.run AND j.job = p.job
 LEFT JOIN read_poisoned AS r ON r.run = p.run AND r.job = p.job
-WHERE l.fact = 'key_loaded'
+WHERE l.fact = 'key_loaded' AND NOT l.ok
 ORDER BY l.run, l.seq, p.run
 """
 

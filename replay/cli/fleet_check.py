@@ -125,12 +125,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(verdicts: list[RunVerdict], crossed: list[dict[str, Any]], limit: int) -> None:
-    from_outside: Counter[str] = Counter()
+    from_outside: Counter[str] = Counter(row["loaded_run"] for row in crossed)
     sources: dict[str, set[str]] = {}
     for row in crossed:
-        if not row["load_ok"]:
-            from_outside[row["loaded_run"]] += 1
-            sources.setdefault(row["loaded_run"], set()).add(row["written_run"])
+        sources.setdefault(row["loaded_run"], set()).add(row["written_run"])
     print(f"{len(verdicts)} runs")
     for v in verdicts:
         if v.error:
@@ -149,12 +147,10 @@ def _print(verdicts: list[RunVerdict], crossed: list[dict[str, Any]], limit: int
                 f"in another run ({names}): the poison came from outside"
             )
     if not crossed:
-        print("no key poisoned in one run was loaded in another")
+        print("no run loaded wrong KV from a key another run poisoned")
         return
-    bad = sum(1 for row in crossed if not row["load_ok"])
-    print(f"{len(crossed)} loads of keys poisoned in another run ({bad} loaded wrong KV):")
+    print(f"{len(crossed)} wrong loads of keys poisoned in another run:")
     for row in crossed[:limit]:
-        outcome = "wrong KV" if not row["load_ok"] else "read back right"
         read = (
             f", poisoned read at seq {row['poisoned_read_seq']}"
             if row["poisoned_read_seq"] is not None
@@ -162,7 +158,7 @@ def _print(verdicts: list[RunVerdict], crossed: list[dict[str, Any]], limit: int
         )
         print(
             f"  {row['loaded_run']} {row['loaded_file']}:{row['loaded_seq']} "
-            f"req {row['loaded_req']} gen {row['loaded_gen']} loaded {row['key']} ({outcome}); "
+            f"req {row['loaded_req']} gen {row['loaded_gen']} loaded {row['key']}; "
             f"written by job {row['written_job']} of req {row['written_req']} in "
             f"{row['written_run']} (enqueued {row['written_file']}:{row['written_seq']}{read})"
         )

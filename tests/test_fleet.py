@@ -1,0 +1,148 @@
+"""A fleet: engines sharing one store, checked run by run in parallel, and
+joined across runs with DuckDB (replay/fleet.py, replay/facts.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvstate.harness.sim.fleet import simulate_fleet
+from kvstate.harness.sim.runtime import SimConfig
+from replay import replay
+from replay.cli import main
+from replay.fleet import check_runs, cross_run, facts_path
+from replay.runs import group
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three engines of one workload on one store; the first on the legacy connector."""
+    folder = tmp_path_factory.mktemp("fleet") / "journals"
+    folder.mkdir()
+    config = SimConfig(requests=60, blocks=32, seed=5)
+    simulate_fleet(config, str(folder), engines=3, legacy_engines=1, shared_store=True)
+    return folder
+
+
+def check(folder: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
+    status = main(["fleet-check", "--json", str(folder), *argv])
+    return status, json.loads(capsys.readouterr().out)
+
+
+def test_each_run_verdict_is_its_own_replay_and_the_poison_is_traced_across_runs(
+    fleet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, report = check(fleet, capsys, "--workers", "2", "--facts", str(tmp_path / "f"))
+    assert status == 1
+    runs = report["runs"]
+    assert [Path(r["paths"][0]).name for r in runs] == [
+        "engine-001.db",
+        "engine-002.db",
+        "engine-003.db",
+    ]
+    for r in runs:  # exactly what replaying the run by itself says
+        alone = replay(r["paths"])
+        codes: dict[str, int] = {}
+        for v in alone.violations:
+            codes[v.code.value] = codes.get(v.code.value, 0) + 1
+        assert (r["verdict"], r["exit_status"], r["codes"]) == (
+            alone.verdict,
+            alone.exit_status,
+            codes,
+        )
+    legacy, fixed = runs[0], runs[1:]
+    assert "POISONED_READ" in legacy["codes"]
+    crossed = report["cross_run"]
+    wrong = crossed  # wrong loads only
+    assert not any(row["load_ok"] for row in crossed)
+    # every wrong load of the fixed engines is a key the legacy engine poisoned
+    for r in fixed:
+        assert set(r["codes"]) <= {"WRONG_KV_LOADED"}  # no bug of their own
+        mine = [row for row in wrong if row["loaded_run"] == r["run"]]
+        assert len(mine) == r["codes"].get("WRONG_KV_LOADED", 0)
+    assert wrong and {row["written_run"] for row in wrong} == {legacy["run"]}
+    assert all(row["written_job"] is not None and row["written_seq"] for row in wrong)
+    assert all(row["written_file"].endswith("engine-001.db") for row in wrong)
+
+
+def test_one_worker_and_several_give_the_same_report(
+    fleet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one = check(fleet, capsys, "--workers", "1", "--facts", str(tmp_path / "a"))
+    two = check(fleet, capsys, "--workers", "2", "--facts", str(tmp_path / "b"))
+
+    def without_facts_paths(report: dict) -> dict:
+        return {**report, "runs": [{**r, "facts": None} for r in report["runs"]]}
+
+    assert without_facts_paths(one[1]) == without_facts_paths(two[1]) and one[0] == two[0]
+
+
+def test_own_stores_share_no_poison(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "own"
+    folder.mkdir()
+    config = SimConfig(requests=40, blocks=32, seed=5)
+    simulate_fleet(config, str(folder), engines=2, legacy_engines=1, shared_store=False)
+    status, report = check(folder, capsys)
+    assert report["cross_run"] == [] and report["runs"][1]["verdict"] == "clean"
+    assert status == 1  # the legacy engine's own violations
+
+
+def test_facts_are_reused_refreshed_or_refused(
+    fleet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = group([str(fleet)])
+    facts = str(tmp_path / "facts")
+    first = check_runs(runs, facts, workers=1)
+    stamp = {v.run: os.stat(v.facts).st_mtime_ns for v in first if v.facts}
+    again = check_runs(runs, facts, workers=1)
+    assert again == first  # the same verdicts, from the files' metadata
+    assert {v.run: os.stat(v.facts).st_mtime_ns for v in again if v.facts} == stamp
+    # a journal that changed is replayed again
+    copy = tmp_path / "copy"
+    shutil.copytree(fleet, copy, ignore=shutil.ignore_patterns("kvstate-facts"))
+    moved = group([str(copy)])
+    check_runs(moved, facts, workers=1)
+    # a file kvstate did not write is never replaced
+    run = next(iter(runs))
+    Path(facts_path(facts, run)).write_text("not ours")
+    (verdict, *_) = check_runs({run: runs[run]}, facts, workers=1)
+    assert verdict.exit_status == 2 and "not a kvstate facts file" in (verdict.error or "")
+    assert Path(facts_path(facts, run)).read_text() == "not ours"
+
+
+def test_sql_over_the_facts(
+    fleet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sql = (
+        "SELECT run, count(*) FILTER (WHERE fact = 'key_loaded' AND NOT ok) AS wrong "
+        "FROM facts GROUP BY run ORDER BY run"
+    )
+    status, rows = check(fleet, capsys, "--facts", str(tmp_path / "f"), "--sql", sql)
+    assert status == 0 and [r["wrong"] > 0 for r in rows] == [True, True, True]
+    assert main(["fleet-check", str(fleet), "--facts", str(tmp_path / "f"), "--sql", "SELEC"]) == 2
+    assert "--sql" in capsys.readouterr().err
+
+
+def test_export_parquet_is_the_runs_facts(fleet: Path, tmp_path: Path) -> None:
+    out = tmp_path / "one.parquet"
+    assert main(["export", "--format", "parquet", str(fleet / "engine-001.db"), str(out)]) == 0
+    assert main(["export", "--format", "parquet", str(fleet / "engine-001.db"), str(out)]) == 2
+    crossed = cross_run([str(out)])
+    assert crossed == []  # one run: nothing crosses
+    assert main(["export", "--format", "parquet", str(fleet), str(tmp_path / "all")]) == 0
+    files = sorted((tmp_path / "all").glob("*.parquet"))
+    assert len(files) == 3 and cross_run([str(f) for f in files])
+
+
+def test_the_simulator_fleet_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "cli"
+    argv = ["run", "--journal", str(folder), "--engines", "2", "--legacy-engines", "1"]
+    status = main([*argv, "--store", "shared", "--requests", "30", "--seed", "5"])
+    out = " ".join(capsys.readouterr().out.split())  # as wrapped to the terminal
+    assert status == 1 and f"kvstate fleet-check {folder}" in out
+    assert sorted(p.name for p in folder.iterdir()) == ["engine-001.db", "engine-002.db"]
+    assert main([*argv, "--requests", "30"]) == 2  # never replaces an engine's journal
