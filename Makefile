@@ -12,7 +12,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(MAKE) system-packages
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev,mooncake,tui]'
+	$(BIN)/pip install -q -e '.[dev,mooncake,tui,fleet,ray]'
 	touch $@
 
 # Mooncake's non-CUDA build loads Debian's libibverbs1 and librdmacm1.

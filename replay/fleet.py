@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -79,7 +80,12 @@ def _on_ray(
         ) from exc
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
     try:
         remote = ray.remote(check_run)
         return list(ray.get([remote.remote(run, paths, facts_dir) for run, paths in tasks]))
@@ -129,14 +135,15 @@ poisoned AS (
     GROUP BY run, key
 ),
 read_poisoned AS (
-    SELECT run, job, arg_min(file_seq, seq) AS file_seq FROM facts
+    SELECT run, job, arg_min(file, seq) AS file, arg_min(file_seq, seq) AS file_seq FROM facts
     WHERE fact = 'violation' AND code = 'POISONED_READ'
     GROUP BY run, job
 )
 SELECT l.run AS loaded_run, l.file AS loaded_file, l.file_seq AS loaded_seq,
        l.req AS loaded_req, l.gen AS loaded_gen, l.key, l.ok AS load_ok,
        p.run AS written_run, j.file AS written_file, j.file_seq AS written_seq,
-       p.job AS written_job, j.req AS written_req, r.file_seq AS poisoned_read_seq
+       p.job AS written_job, j.req AS written_req,
+       r.file AS poisoned_read_file, r.file_seq AS poisoned_read_seq
 FROM facts AS l
 JOIN poisoned AS p ON p.key = l.key AND p.run <> l.run
 LEFT JOIN jobs AS j ON j.run = p.run AND j.job = p.job

@@ -146,3 +146,17 @@ def test_the_simulator_fleet_command(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert status == 1 and f"kvstate fleet-check {folder}" in out
     assert sorted(p.name for p in folder.iterdir()) == ["engine-001.db", "engine-002.db"]
     assert main([*argv, "--requests", "30"]) == 2  # never replaces an engine's journal
+
+
+def test_a_local_ray_instance_gives_the_same_report(
+    fleet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("ray", reason="the optional extra kvstate[ray]")
+    local = check(fleet, capsys, "--workers", "2", "--facts", str(tmp_path / "local"))
+    on_ray = check(fleet, capsys, "--ray", "--facts", str(tmp_path / "ray"))
+
+    def without_facts_paths(report: dict) -> dict:
+        return {**report, "runs": [{**r, "facts": None} for r in report["runs"]]}
+
+    assert on_ray[0] == local[0] == 1
+    assert without_facts_paths(on_ray[1]) == without_facts_paths(local[1])

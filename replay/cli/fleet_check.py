@@ -152,7 +152,7 @@ def _print(verdicts: list[RunVerdict], crossed: list[dict[str, Any]], limit: int
     print(f"{len(crossed)} wrong loads of keys poisoned in another run:")
     for row in crossed[:limit]:
         read = (
-            f", poisoned read at seq {row['poisoned_read_seq']}"
+            f", poisoned read {row['poisoned_read_file']}:{row['poisoned_read_seq']}"
             if row["poisoned_read_seq"] is not None
             else ""
         )

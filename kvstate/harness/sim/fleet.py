@@ -10,6 +10,7 @@ under its own name, and the fleet check joins them (``kvstate fleet-check``).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 
@@ -40,7 +41,10 @@ def simulate_fleet(
     shared: st.Store | None = None
     if shared_store:
         shared = st.MemoryStore(config.store_capacity_bytes)
-    base = f"fleet-{os.path.basename(os.path.abspath(folder))}"
+    # Runs named by folder and config, so two fleets checked together never
+    # share a run name (and the same fleet again gets the same names).
+    digest = hashlib.sha256(repr(config).encode()).hexdigest()[:6]
+    base = f"{os.path.basename(os.path.abspath(folder))}-{digest}"
     done = []
     for index in range(1, engines + 1):
         policy = "legacy" if index <= legacy_engines else config.policy
