@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from benchmarks.runner import OUTPUTS, markdown, run, write
+from benchmarks.report import OUTPUTS, markdown, write
+from benchmarks.runner import run
 from journal import OutputExists, refuse_existing
 
 

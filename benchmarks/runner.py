@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 import msgpack
 
+from benchmarks import bench_fleet
 from benchmarks.bench_hot_path import (
     BLOCK,
     WORLD,
@@ -39,7 +40,7 @@ from benchmarks.bench_hot_path import (
     live_bytes_per_job,
 )
 from benchmarks.bench_inspector import KEYS
-from journal import Journal, atomic_output
+from journal import Journal
 from kvstate import Recorder, SpillArchive
 from kvstate.codec import to_record
 from kvstate.events import JournalOpened
@@ -78,16 +79,18 @@ class Sizes:
     replay_records: tuple[int, ...]  # clean journals replayed for rate and memory
     legacy_requests: int  # the legacy journal (violations) for memory and the inspector
     running: tuple[int, ...]  # running requests per step, for the step overhead
+    fleet_runs: int  # simulated engine runs the fleet row checks
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
         if quick:
-            return cls(200, (1_000, 5_000, 24_000), 100, (64, 256))
+            return cls(200, (1_000, 5_000, 24_000), 100, (64, 256), 4)
         return cls(
             20_000,
             (1_000, 10_000, 100_000, 1_000_000, 5_000_000),
             24_000,
             (64, 256, 1024, 4096),
+            200,
         )
 
 
@@ -443,6 +446,13 @@ def demo_row(requests: int, store: str) -> tuple[Row, Any]:
     return row, got
 
 
+def fleet_row(runs: int) -> tuple[Row, list[dict[str, Any]]]:
+    """``fleet-check`` of simulated engine runs (``benchmarks/bench_fleet.py``)."""
+    fleets = bench_fleet.fleets(_child, runs)
+    rate, note = bench_fleet.summary(fleets)
+    return Row("fleet-check, 2 workers", rate, "records/s", "-", None, None, note), fleets
+
+
 def run(quick: bool) -> dict[str, Any]:
     sizes = Sizes.of(quick)
     rows = caller_rows(sizes.jobs)
@@ -483,6 +493,8 @@ def run(quick: bool) -> dict[str, Any]:
     rows.append(demo)
     vllm, vllm_run = vllm_row(quick)
     rows.append(vllm)
+    fleet, fleets = fleet_row(sizes.fleet_runs)
+    rows.append(fleet)
     rows += NOT_MEASURED
     return {
         "quick": quick,
@@ -495,107 +507,8 @@ def run(quick: bool) -> dict[str, Any]:
         "live_bytes_per_job_spilled": live_bytes_spilled,
         "demo": demo_run,
         "vllm_profile": vllm_run,
+        "fleets": fleets,
         "live_jobs": sizes.jobs,
         "inspector": inspector,
         "self_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
-
-
-def markdown(report: dict[str, Any]) -> str:
-    lines = [
-        "| what | measured | target | ratio to target | met | note |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in report["rows"]:
-        measured = "not measured" if r["measured"] is None else f"{r['measured']:,.2f} {r['unit']}"
-        ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
-        met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
-        lines.append(
-            f"| {r['name']} | {measured} | {r['target']} | {ratio} | {met} | {r['note']} |"
-        )
-    lines += [
-        "",
-        "| running requests | mix | engine-process CPU per request per step (µs) |",
-        "|---|---|---|",
-    ]
-    for s in report["step_overhead"]:
-        lines.append(f"| {s['running']:,} | {s['mix']} | {s['us_per_request']:.2f} |")
-    lines += [
-        "",
-        f"The guards (a scheduler and {WORLD} ranks, no journal, no audit) keep "
-        f"{report['live_bytes_per_job']:,.0f} bytes per finished job in memory, "
-        f"{report['live_bytes_per_job_spilled']:,.0f} when they park into a SpillArchive "
-        f"(tracemalloc, heap after {report['live_jobs']:,} lifecycles less the heap after "
-        "half of them; a SpillArchive's unwritten batch of up to 4,096 entries counts).",
-    ]
-    lines += ["", "| replayed records | seconds | records/s | peak MB |", "|---|---|---|---|"]
-    for p in report["replay_points"]:
-        lines.append(
-            f"| {p['records']:,} | {p['seconds']:.2f} | {p['rate']:,.0f} | {p['peak_mb']:.0f} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def plots(report: dict[str, Any], out: Path, *, force: bool) -> list[Path]:
-    """PNGs of replay time and peak memory against journal length, and of the
-    per-step overhead against running requests (none without matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    points = report["replay_points"]
-    records = [p["records"] for p in points]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.loglog(records, [p["seconds"] for p in points], "o-")
-    left.set(xlabel="journal records", ylabel="replay seconds", title="replay time")
-    right.semilogx(records, [p["peak_mb"] for p in points], "o-")
-    right.axhline(300, color="red", linestyle="--", label="target 300 MB")
-    right.set(xlabel="journal records", ylabel="peak MB", title="replay peak memory")
-    right.set_ylim(bottom=0)
-    right.legend()
-    fig.tight_layout()
-    steps = report["step_overhead"]
-    fig2, ax = plt.subplots(figsize=(5, 4))
-    for mix in dict.fromkeys(s["mix"] for s in steps):
-        mine = [s for s in steps if s["mix"] == mix]
-        ax.semilogx(
-            [s["running"] for s in mine], [s["us_per_request"] for s in mine], "o-", label=mix
-        )
-    ax.axhline(0.5, color="red", linestyle="--", label="target (decode)")
-    ax.set(
-        xlabel="running requests",
-        ylabel="µs per request per step",
-        title="ledger cost per engine step (CPU)",
-    )
-    ax.set_ylim(bottom=0)
-    ax.legend()
-    fig2.tight_layout()
-    written = []
-    for name, figure in (("replay.png", fig), ("step.png", fig2)):
-        path = out / name
-        with atomic_output(str(path), force=force) as tmp:
-            figure.savefig(tmp, format="png", dpi=100)
-        written.append(path)
-        plt.close(figure)
-    return written
-
-
-#: what a run writes into its folder
-OUTPUTS = ("bench.json", "bench.md", "replay.png", "step.png")
-
-
-def write(report: dict[str, Any], out: Path, *, force: bool) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in (
-        ("bench.json", json.dumps(report, indent=1) + "\n"),
-        ("bench.md", markdown(report)),
-    ):
-        path = out / name
-        with atomic_output(str(path), force=force) as tmp:
-            Path(tmp).write_text(text)
-        written.append(path)
-    return written + plots(report, out, force=force)
