@@ -74,10 +74,20 @@ def test_prefix_release_is_flagged_and_every_wrong_output_explained(
     # ... and KV-event parents taken from store order instead of the hash chain.
     assert {"POISONED_READ", "POISONED_KEY", "STALE_GENERATION", "PARENT_CHAIN_BROKEN"} <= codes
     assert legacy["counts"]["poisoned keys"] > 0
+    assert replay([str(out / "legacy.db")]).exit_status == 1
+    stalled = legacy["engine"].get("watchdog")
+    if stalled:
+        # On a loaded machine the connector before #52372 can starve its
+        # pool: blocks stay held for saves whose completions never come back
+        # to their incarnation, and round 1 never returns. The watchdog ends
+        # the stall (the store is still read back: POISONED_KEY above), the
+        # journal says CRASH, and no output is compared that was never made.
+        assert "no progress for" in stalled and "CRASH" in codes
+        assert legacy["wrong_outputs"] == []
+        return
     assert legacy["wrong_outputs"], "the poisoned keys changed no greedy output"
     for prompt in legacy["wrong_outputs"]:
         assert legacy["traces"][prompt], f"prompt {prompt}: no violation names its requests"
-    assert replay([str(out / "legacy.db")]).exit_status == 1
 
 
 @pytest.mark.vllm

@@ -97,17 +97,21 @@ def uninstall() -> None:
         _connector = None
 
 
-def finish(*, audit: bool = True, error: str | None = None) -> dict[str, int]:
+def finish(*, audit: bool | None = None, error: str | None = None) -> dict[str, int]:
     """End this process's journals: audit the store, then ``engine_idle`` (or a crash).
 
     Workers close first and the scheduler last, so the merged journal ends
     with the scheduler's ``engine_idle``. Returns the audit's counts.
+    ``audit`` defaults to "unless ``error``": after a crash the store may be
+    gone. A caller that knows it is reachable (a watchdog ending a stalled
+    engine) passes ``audit=True`` and the stored keys are still read back.
     """
     counts = {"verified": 0, "poisoned": 0, "missing": 0}
+    read_back = (error is None) if audit is None else audit
     with _lock:
         for rank in sorted(workers):
             observer = workers.pop(rank)
-            if audit and error is None and not failures:
+            if read_back and not failures:
                 for name, value in (_observe(observer.audit) or {}).items():
                     counts[name] += value
             observer.close()

@@ -137,7 +137,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         if journaled:
             import kvstate.vllm
 
-            kvstate.vllm.finish(error=f"watchdog: {why}")
+            # The engine stands still, the store does not: what was stored is
+            # still read back and judged (POISONED_KEY), then the crash.
+            result["audit"] = kvstate.vllm.finish(error=f"watchdog: {why}", audit=True)
         _write_json(out_path, result)
         os._exit(3)
 
