@@ -23,10 +23,11 @@ COMMANDS = (
     "export",
     "convert",
     "fleet_check",
-    "run",
-    "demo",
-    "vllm_demo",
-    "zoo",
+    # the commands that drive the harness, in their own folder
+    "harness.run",
+    "harness.demo",
+    "harness.vllm_demo",
+    "harness.zoo",
 )
 
 

@@ -4,7 +4,7 @@ Each engine runs in its release's venv (:mod:`kvstate.harness.vllm.venvs`)
 as a subprocess (:mod:`kvstate.harness.vllm.engine`), against a Mooncake
 master whose client configuration :func:`store_env` writes. What the runs
 mean (journals merged, replayed, outputs compared with the reference) is
-the command line's: ``replay/cli/_vllm_runs.py``.
+the command line's: ``replay/cli/harness/_vllm_runs.py``.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from rich.text import Text
 from journal import JournalError
 from kvstate.violations import Code
 
-from ..report import emit, report_console
-from ._common import (
+from ...report import emit, report_console
+from .._common import (
     EXIT_CLEAN,
     EXIT_UNUSABLE,
     EXIT_VIOLATIONS,

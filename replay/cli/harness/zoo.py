@@ -13,9 +13,9 @@ from rich.text import Text
 from journal import JournalError, atomic_output, refuse_existing, write_jsonl
 from kvstate.codec import to_record
 
-from ..engine import replay
-from ..report import emit, report_console
-from ._common import (
+from ...engine import replay
+from ...report import emit, report_console
+from .._common import (
     EXIT_CLEAN,
     EXIT_UNUSABLE,
     EXIT_VIOLATIONS,

@@ -12,9 +12,9 @@ from rich.text import Text
 
 from journal import JournalError, journal_output, refuse_existing
 
-from ..report import emit, report_console
-from ..safe import printable
-from ._common import (
+from ...report import emit, report_console
+from ...safe import printable
+from .._common import (
     EXIT_CLEAN,
     EXIT_UNUSABLE,
     EXIT_VIOLATIONS,

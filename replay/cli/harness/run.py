@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 from journal import JournalError, journal_output, refuse_existing
 
-from ..engine import replay
-from ..report import emit, report_console, summary_line
-from ..safe import literal, printable
-from ._common import (
+from ...engine import replay
+from ...report import emit, report_console, summary_line
+from ...safe import literal, printable
+from .._common import (
     EXIT_CLEAN,
     EXIT_UNUSABLE,
     EXIT_VIOLATIONS,
