@@ -51,7 +51,13 @@ class Parser(argparse.ArgumentParser):
 
 
 def unusable(exc: Exception, *, as_json: bool) -> int:
-    """Report unusable input on one line (and as JSON with ``--json``); exit 2."""
+    """Report unusable input on one line (and as JSON with ``--json``); exit 2.
+
+    A closed pipe is not bad input (``kvstate run | head``): it goes on to
+    :func:`replay.cli.main`, which ends quietly.
+    """
+    if isinstance(exc, BrokenPipeError):
+        raise exc
     message = printable(exc)
     print(f"kvstate: error: {message}", file=sys.stderr)
     if as_json:
