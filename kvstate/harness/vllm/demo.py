@@ -35,6 +35,9 @@ class Workload:
     #: seconds each put on the sending thread is delayed (the race's window)
     put_delay: float = 0.1
     seed: int = 0
+    #: tensor-parallel ranks, each a worker process of vLLM's multiprocessing
+    #: executor journaling on its own
+    tp: int = 1
     #: seconds with no progress (no step with output, no put) after which a run
     #: is ended by its watchdog, however long it took (the journal says so)
     watchdog: float = 120.0
@@ -48,6 +51,7 @@ class Workload:
             "max_tokens": self.max_tokens,
             "put_delay": self.put_delay,
             "seed": self.seed,
+            "tp": self.tp,
             "watchdog": self.watchdog,
         }
 

@@ -184,6 +184,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         max_num_seqs=cfg["max_seqs"],
         max_model_len=cfg.get("max_model_len", 256),
         seed=0,
+        **_parallel(int(cfg.get("tp", 1))),
         **kwargs,
     )
     # The watchdog is armed from here: the engine is up, and must keep moving.
@@ -228,6 +229,14 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             result["profile"] = cpu_profile.summary(profiled)
     result["seconds"] = round(time.monotonic() - started, 1)
     return result
+
+
+def _parallel(tp: int) -> dict[str, Any]:
+    """Tensor parallelism: each rank a worker process of vLLM's multiprocessing
+    executor, each with its own connector worker and its own journal."""
+    if tp <= 1:
+        return {}
+    return {"tensor_parallel_size": tp, "distributed_executor_backend": "mp"}
 
 
 def _drain(llm: Any) -> bool:

@@ -58,6 +58,13 @@ def add_parser(sub: Subparsers) -> None:
         "run is ended, as a crash; how long a run takes never ends it (default: %(default)s)",
     )
     p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor-parallel ranks, each in a worker process of its own that journals on "
+        "its own (vLLM's multiprocessing executor)",
+    )
+    p.add_argument(
         "--release",
         action="append",
         choices=RELEASES,
@@ -86,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         put_delay=args.put_delay,
         seed=args.seed,
         watchdog=args.watchdog,
+        tp=args.tp,
     )
     emit(
         console,
@@ -100,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"  {line}", file=sys.stderr, flush=True)
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]  # replay/cli/harness/ -> the checkout
     try:
         with terminations_interrupt():
             runs = run_demo(root, Path(args.out), workload, releases, force=args.force, say=say)
