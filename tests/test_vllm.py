@@ -176,6 +176,70 @@ def test_install_journals_vllms_own_connector_class(tmp_path: Path) -> None:
 
 
 @pytest.mark.vllm
+@pytest.mark.parametrize("release", ["0.32.0", "0.27.1"])
+def test_two_ranks_in_processes_of_their_own(tmp_path: Path, release: str) -> None:
+    """``tensor_parallel_size=2`` with vLLM's multiprocessing executor: each rank
+    journals in its own process, and replay merges them in any order. The fixed
+    release releases a job's pins only once both ranks reported it (vLLM #52372's
+    all-ranks rule); the release before it has no pins, counts completions per
+    request, and replay says what it finds."""
+    import itertools
+
+    from kvstate import events as ev
+    from kvstate.harness.live.master import MooncakeMaster
+    from kvstate.harness.vllm import venvs
+    from kvstate.harness.vllm.demo import run_engine, store_env
+
+    python = venvs.python_of(venvs.ensure(ROOT, release))
+    journals = tmp_path / "journals"
+    config = {
+        "mode": "journal",
+        "journal_dir": str(journals),
+        "model": str(tmp_path / "model"),
+        "prompts": 12,
+        "groups": 3,
+        "blocks": 24,
+        "max_seqs": 6,
+        "max_tokens": 24,
+        "put_delay": 0.05,
+        "watchdog": 120,
+        "round2": False,
+        "tp": 2,
+    }
+    with MooncakeMaster() as address:
+        env = {**os.environ, **store_env(address, tmp_path / "mooncake.json", "256MB")}
+        run_engine(python, config, tmp_path, "tp2", env, 900)
+    parts = sorted(str(p) for p in journals.glob("*.db"))
+    roles = [next(iter(entries([p]))).event.role for p in parts]  # type: ignore[attr-defined]
+    assert roles == ["scheduler", "worker-0", "worker-1"]
+    verdicts = {
+        tuple(sorted((v.code.value, v.seq) for v in replay(list(order)).violations))
+        for order in itertools.permutations(parts)
+    }
+    assert len(verdicts) == 1  # the argument order changes nothing
+    reports: dict[int, dict[int, int]] = {}
+    released: dict[int, int] = {}
+    pinned = set()
+    for e in entries(parts):
+        event = e.event
+        if isinstance(event, ev.JobEnqueued):
+            assert event.world_size == 2
+            if event.pins:
+                pinned.add(event.job)
+        elif isinstance(event, ev.JobReported):
+            reports.setdefault(event.job, {})[event.rank] = e.seq
+        elif isinstance(event, ev.PinsReleased):
+            released[event.job] = e.seq
+    assert reports and all(set(r) == {0, 1} for r in reports.values())
+    if release == "0.32.0":
+        assert pinned and set(released) == pinned
+        assert all(released[j] > max(reports[j].values()) for j in pinned)
+        assert replay(parts, require_idle=True).exit_status == 0
+    else:
+        assert not pinned and not released  # per-request counters, no pins
+
+
+@pytest.mark.vllm
 def test_merged_journal_replays_like_its_parts(vllm_demo: tuple[int, Path, str]) -> None:
     """The merged file and a replay of it agree with the command's own verdict."""
     _, out, _ = vllm_demo

