@@ -15,9 +15,9 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from journal import JournalError
 
@@ -61,17 +61,18 @@ def check_run(run: str, paths: Sequence[str], facts_dir: str) -> RunVerdict:
         return RunVerdict(run, tuple(paths), 0, "unusable", 2, {}, False, error=str(exc))
 
 
-def _local(tasks: list[tuple[str, list[str]]], facts_dir: str, workers: int) -> list[RunVerdict]:
-    if workers <= 1 or len(tasks) <= 1:
-        return [check_run(run, paths, facts_dir) for run, paths in tasks]
+T = TypeVar("T")
+
+
+def _local(task: Callable[..., T], calls: list[tuple[Any, ...]], workers: int) -> list[T]:
+    if workers <= 1 or len(calls) <= 1:
+        return [task(*call) for call in calls]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(check_run, run, paths, facts_dir) for run, paths in tasks]
+        futures = [pool.submit(task, *call) for call in calls]
         return [f.result() for f in futures]
 
 
-def _on_ray(
-    tasks: list[tuple[str, list[str]]], facts_dir: str, address: str | None
-) -> list[RunVerdict]:
+def _on_ray(task: Callable[..., T], calls: list[tuple[Any, ...]], address: str | None) -> list[T]:
     try:
         import ray
     except ImportError as exc:
@@ -87,11 +88,30 @@ def _on_ray(
             logging_level=logging.WARNING,
         )
     try:
-        remote = ray.remote(check_run)
-        return list(ray.get([remote.remote(run, paths, facts_dir) for run, paths in tasks]))
+        remote = ray.remote(task)
+        return list(ray.get([remote.remote(*call) for call in calls]))
     finally:
         if started:
             ray.shutdown()
+
+
+def map_runs(
+    task: Callable[..., T],
+    calls: list[tuple[Any, ...]],
+    *,
+    workers: int | None = None,
+    ray_address: str | bool | None = False,
+) -> list[T]:
+    """``task(*call)`` for every call (one run each), in order, each on a worker.
+
+    ``ray_address``: False runs a local process pool of ``workers`` (default:
+    the machine's cores); None starts a local Ray instance; a string joins
+    that Ray cluster. ``task`` must be a module-level function (it is pickled
+    by name) and its results picklable.
+    """
+    if ray_address is not False:
+        return _on_ray(task, calls, ray_address if isinstance(ray_address, str) else None)
+    return _local(task, calls, workers or os.cpu_count() or 1)
 
 
 def check_runs(
@@ -101,17 +121,10 @@ def check_runs(
     workers: int | None = None,
     ray_address: str | bool | None = False,
 ) -> list[RunVerdict]:
-    """Every run's verdict, in run order, each run on its own worker.
-
-    ``ray_address``: False runs a local process pool of ``workers`` (default:
-    the machine's cores); None starts a local Ray instance; a string joins
-    that Ray cluster.
-    """
+    """Every run's verdict and facts, in run order (see :func:`map_runs`)."""
     os.makedirs(facts_dir, exist_ok=True)
-    tasks = list(runs.items())
-    if ray_address is not False:
-        return _on_ray(tasks, facts_dir, ray_address if isinstance(ray_address, str) else None)
-    return _local(tasks, facts_dir, workers or os.cpu_count() or 1)
+    calls = [(run, paths, facts_dir) for run, paths in runs.items()]
+    return map_runs(check_run, calls, workers=workers, ray_address=ray_address)
 
 
 #: wrong loads (the KV a request of one run loaded was not what it should

@@ -160,3 +160,25 @@ def test_a_local_ray_instance_gives_the_same_report(
 
     assert on_ray[0] == local[0] == 1
     assert without_facts_paths(on_ray[1]) == without_facts_paths(local[1])
+
+
+def test_replay_of_a_folder_replays_each_run_as_alone(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(["replay", "--json", "--workers", "2", str(fleet)])
+    reports = json.loads(capsys.readouterr().out)
+    assert status == 1 and len(reports) == 3
+    for report in reports:
+        alone = replay(report["paths"])
+        assert report["verdict"] == alone.verdict
+        assert [v["code"] for v in report["violations"]] == [v.code.value for v in alone.violations]
+    # the human report: each run's own, in run order
+    assert main(["replay", str(fleet), "--limit", "1"]) == 1
+    out = capsys.readouterr().out
+    names = [line.split(":")[0] for line in out.splitlines() if line.startswith("run ")]
+    assert names == [f"run {r['run']}" for r in reports]
+    # files of several runs are refused unless asked to group them
+    files = [str(p) for p in sorted(fleet.glob("*.db"))]
+    assert main(["replay", *files]) == 2
+    capsys.readouterr()
+    assert main(["replay", "--by-run", "--workers", "1", *files]) == 1

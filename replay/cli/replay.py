@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 
 from journal import JournalError, atomic_output, refuse_existing, write_jsonl
@@ -54,10 +55,34 @@ def add_parser(sub: Subparsers) -> None:
         metavar="N",
         help="at most N rows of root causes (or of violations with --all); default 20",
     )
+    runs = p.add_argument_group(
+        "many runs",
+        "a folder, or --by-run with files of several runs: the journals are grouped by the "
+        "run their headers name and each run is replayed on its own worker, exactly as "
+        "kvstate replay of that run alone; the exit status is the worst run's",
+    )
+    runs.add_argument(
+        "--by-run", action="store_true", help="group PATHs by run instead of merging them"
+    )
+    runs.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="local worker processes"
+    )
+    runs.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="each run as a Ray task: on the cluster at ADDRESS, or a local Ray instance "
+        "(the optional extra kvstate[ray])",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.by_run or any(os.path.isdir(p) for p in args.paths):
+        from ._by_run import run_by_run
+
+        return run_by_run(args)
     if args.minimize:
         return _write_minimized(args)
     try:
