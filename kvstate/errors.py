@@ -15,6 +15,12 @@ class KvstateError(Exception):
     (:class:`~kvstate.violations.InvariantViolation`)."""
 
 
+class TemporaryStorageError(KvstateError):
+    """The machine's temporary storage failed under kvstate (a full or broken
+    ``TMPDIR``): state parked there cannot be read back. The journal and the
+    records are not at fault; the command line exits 3, not 2."""
+
+
 class LedgerUsageError(KvstateError):
     """A ledger method was called in a way the ledger cannot honour."""
 

@@ -22,18 +22,20 @@ An incident tool must survive the incident, a full disk included: when the
 temporary database cannot be written, what has not been written stays in
 memory and everything after it goes there too (the archive becomes the
 in-memory one it extends); only if what was already written cannot be read
-back does the fold stop, with :class:`journal.JournalError` (the command line's
-exit status 2), never with a wrong answer.
+back does the fold stop, with :class:`kvstate.errors.TemporaryStorageError`
+(the command line's exit status 3: the environment, not the input), never
+with a wrong answer.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
-from journal import JournalError
 from kvstate.archive import Archive, Key
+from kvstate.errors import TemporaryStorageError
 
 #: buffered writes per batch
 _BATCH = 4096
@@ -68,14 +70,26 @@ def _insert(db: sqlite3.Connection | None, sql: str, rows: list[Any]) -> bool:
     return True
 
 
+def _where() -> str:
+    """Where SQLite puts a temporary database on Unix (its own search order)."""
+    for name in ("SQLITE_TMPDIR", "TMPDIR"):
+        if os.environ.get(name):
+            return f"{os.environ[name]} (${name})"
+    return "/var/tmp, /usr/tmp or /tmp"
+
+
 def _read(db: sqlite3.Connection | None, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
     if db is None:
         return []
     try:
         return db.execute(sql, args).fetchall()
     except sqlite3.Error as exc:
-        raise JournalError(
-            f"kvstate's temporary storage (parked ledger state) cannot be read back: {exc}"
+        # The environment failed, not the journal: never an answer without
+        # what was parked, and never blamed on the input.
+        raise TemporaryStorageError(
+            f"kvstate's temporary storage in {_where()} cannot be read back "
+            f"({exc}): free space there or set TMPDIR to a roomier place; the journal is "
+            "not at fault"
         ) from exc
 
 

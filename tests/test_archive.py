@@ -281,7 +281,7 @@ def test_a_full_disk_keeps_the_rest_in_memory_and_changes_nothing(tmp_path: Path
 
 
 def test_unreadable_temporary_storage_is_an_error_not_a_wrong_answer() -> None:
-    from journal import JournalError
+    from kvstate.errors import TemporaryStorageError
     from kvstate.spill import SpillArchive
 
     spill = SpillArchive()
@@ -289,8 +289,39 @@ def test_unreadable_temporary_storage_is_an_error_not_a_wrong_answer() -> None:
     spill._flush_puts()
     assert spill._db is not None
     spill._db.close()
-    with pytest.raises(JournalError, match="temporary storage"):
+    with pytest.raises(TemporaryStorageError, match=r"temporary storage .* not at fault"):
         spill.take(("job", 2))
+
+
+def test_a_full_tmpdir_is_blamed_on_the_environment_not_the_journal(tmp_path: Path) -> None:
+    """A 64 KiB tmpfs as TMPDIR: replay of a journal whose parked state
+    outgrows it exits 3 (the environment), naming where, with no traceback;
+    with room, the same journal replays."""
+    import os
+    import subprocess
+    import sys
+
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tiny)]
+    if subprocess.run(mount, capture_output=True, check=False).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (it needs root)")
+    try:
+        journal = tmp_path / "legacy.db"
+        simulate(SimConfig(requests=3000, seed=1, policy="legacy"), journal=str(journal))
+        done = subprocess.run(
+            [sys.executable, "-m", "replay", "replay", str(journal), "--limit", "1"],
+            env={**os.environ, "TMPDIR": str(tiny)},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 3, done.stderr[-2000:]
+        assert f"{tiny} ($TMPDIR)" in done.stderr and "not at fault" in done.stderr
+        assert "Traceback" not in done.stderr
+    finally:
+        subprocess.run(["umount", str(tiny)], check=False)
+    assert replay([str(journal)]).verdict == "violations"  # the journal was fine
 
 
 @pytest.mark.parametrize("spill", [False, True])

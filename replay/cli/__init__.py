@@ -13,7 +13,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from ._common import EXIT_UNUSABLE, Parser, interrupted_status
+from kvstate.errors import TemporaryStorageError
+
+from ._common import EXIT_ENVIRONMENT, EXIT_UNUSABLE, Parser, interrupted_status
 
 #: command name -> module, in the order ``kvstate --help`` lists them
 COMMANDS = (
@@ -59,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt as exc:
         return interrupted_status(exc)
+    except TemporaryStorageError as exc:
+        # Every command, one place: the environment failed, not the journal.
+        print(f"kvstate: error: {exc}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     except BrokenPipeError:
         # `kvstate replay ... | head`: the reader left; that is not an error.
         sys.stderr.close()

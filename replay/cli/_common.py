@@ -28,6 +28,9 @@ else:
 EXIT_CLEAN = 0
 EXIT_VIOLATIONS = 1
 EXIT_UNUSABLE = 2
+#: an addition to the contract: the machine failed kvstate (a full TMPDIR),
+#: not the input
+EXIT_ENVIRONMENT = 3
 
 
 class Parser(argparse.ArgumentParser):

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             )
     except (JournalError, OSError) as exc:
         return unusable(exc, as_json=args.json)
-    last = result.ledger.last_seq
+    last = result.folded.last_seq  # (the whole ledger would copy every parked entity)
     if args.at is not None and last is not None and args.at > last:
         print(
             f"kvstate: warning: --at {args.at} is past the last record (seq {last}); "
