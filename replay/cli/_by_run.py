@@ -19,7 +19,7 @@ from journal import JournalError
 from ..engine import replay
 from ..report import needed_records, print_report, report_console
 from ..sources import collect
-from ._common import EXIT_UNUSABLE, to_json, unusable
+from ._common import EXIT_UNUSABLE, ray_address, to_json, unusable
 
 
 def replay_run(
@@ -77,8 +77,9 @@ def run_by_run(args: argparse.Namespace) -> int:
             )
             for run, paths in grouped.items()
         ]
-        ray: str | bool | None = False if args.ray is None else (args.ray or None)
-        done = fleet.map_runs(replay_run, calls, workers=args.workers, ray_address=ray)
+        done = fleet.map_runs(
+            replay_run, calls, workers=args.workers, ray_address=ray_address(args)
+        )
     except (JournalError, OSError) as exc:
         return unusable(exc, as_json=args.json)
     if args.json:

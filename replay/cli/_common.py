@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -51,6 +52,27 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
         self.exit(EXIT_UNUSABLE, f"kvstate: error: {message}\n")
+
+
+def add_worker_options(group: Any) -> None:
+    """``--workers`` and ``--ray``: where each run of a fleet is replayed."""
+    group.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="local worker processes"
+    )
+    group.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="each run as a Ray task: on the cluster at ADDRESS, or on a local Ray instance "
+        "started for the command (the optional extra kvstate[ray])",
+    )
+
+
+def ray_address(args: argparse.Namespace) -> str | bool | None:
+    """``--ray`` as :func:`replay.fleet.map_runs` takes it: False (local workers),
+    None (a local Ray instance) or the cluster's address."""
+    return False if args.ray is None else (args.ray or None)
 
 
 def unusable(exc: Exception, *, as_json: bool) -> int:

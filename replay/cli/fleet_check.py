@@ -24,6 +24,8 @@ from ._common import (
     EXIT_UNUSABLE,
     EXIT_VIOLATIONS,
     Subparsers,
+    add_worker_options,
+    ray_address,
     to_json,
     unusable,
 )
@@ -47,17 +49,7 @@ def add_parser(sub: Subparsers) -> None:
         "under the first PATH that is a folder, else beside the first journal); an "
         "unchanged run's facts are reused",
     )
-    p.add_argument(
-        "--workers", type=int, default=os.cpu_count() or 1, help="local worker processes"
-    )
-    p.add_argument(
-        "--ray",
-        nargs="?",
-        const="",
-        metavar="ADDRESS",
-        help="run each run's replay as a Ray task: on the cluster at ADDRESS, or on a local "
-        "Ray instance started for the check (needs the optional extra kvstate[ray])",
-    )
+    add_worker_options(p)
     p.add_argument(
         "--limit", type=int, default=20, metavar="N", help="print at most N cross-run loads"
     )
@@ -85,9 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         grouped = runs.group(args.paths)
-        ray: str | bool | None = False if args.ray is None else (args.ray or None)
         verdicts = fleet.check_runs(
-            grouped, _facts_dir(args), workers=args.workers, ray_address=ray
+            grouped, _facts_dir(args), workers=args.workers, ray_address=ray_address(args)
         )
         crossed = fleet.cross_run([v.facts for v in verdicts if v.facts])
     except (JournalError, OSError) as exc:

@@ -19,6 +19,7 @@ from ._common import (
     EXIT_CLEAN,
     EXIT_VIOLATIONS,
     Subparsers,
+    add_worker_options,
     to_json,
     unusable,
 )
@@ -64,17 +65,7 @@ def add_parser(sub: Subparsers) -> None:
     runs.add_argument(
         "--by-run", action="store_true", help="group PATHs by run instead of merging them"
     )
-    runs.add_argument(
-        "--workers", type=int, default=os.cpu_count() or 1, help="local worker processes"
-    )
-    runs.add_argument(
-        "--ray",
-        nargs="?",
-        const="",
-        metavar="ADDRESS",
-        help="each run as a Ray task: on the cluster at ADDRESS, or a local Ray instance "
-        "(the optional extra kvstate[ray])",
-    )
+    add_worker_options(runs)
     p.set_defaults(func=run)
 
 
