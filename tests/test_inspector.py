@@ -28,6 +28,8 @@ from replay.engine import replay
 from replay.timetravel import TimeTravel
 from replay.tui.inspector import Inspector
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 
 
@@ -246,6 +248,11 @@ def test_once_prints_overview_and_violations(tmp_path: Path, capsys) -> None:  #
     assert "verdict 4 violation(s)" in out and "records by kind" in out
     assert "POISONED_READ" in out and "job 0 of r1/0 read block 2" in out
     assert main(["inspect", "--once", str(tmp_path / "missing.db")]) == 2
+    capsys.readouterr()
+    # a clean journal: no empty table, a plain "none"
+    assert main(["inspect", "--once", str(EXAMPLES / "clean.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "violations by code: none" in out and "first seq" not in out
 
 
 def test_once_shows_the_first_violations_and_says_how_many_more(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ simulator's verdicts read back from Mooncake."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from urllib.parse import urlparse
@@ -138,7 +139,13 @@ def test_demo_command(tmp_path, capsys, store: str) -> None:  # type: ignore[no-
         assert text in printed
     assert ("local Mooncake master" in printed) == (store == "mooncake")
     assert main(["replay", "--json", str(out / "kvstate.db")]) == 0
+    capsys.readouterr()
     assert main(["replay", "--json", str(out / "legacy.db")]) == 1
+    found = json.loads(capsys.readouterr().out)["violations"]
+    first_req = next(v["req"] for v in found if "req" in v)
+    # the suggested timeline is of the request the first violation names
+    suggested = f"kvstate timeline {out / 'legacy.db'} --req {first_req}"
+    assert suggested in " ".join(printed.split()), printed[-600:]
     assert main(argv) == 2  # refuses to overwrite the journals
 
 

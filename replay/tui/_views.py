@@ -145,11 +145,16 @@ def overview(tt: Indexed) -> RenderableType:
     kinds.add_column("count", justify="right")
     for kind, n in sorted(tt.kinds.items(), key=lambda kv: -kv[1]):
         kinds.add_row(_t(kind), _t(n))
+    found = list(tt.codes())  # counted as the index grows: no rescan
+    if not found:
+        # No empty table: say there is nothing, or that it is not known yet.
+        none = "none so far" if not tt.indexed else "none"
+        return RichGroup(head, verdict, Text(""), kinds, Text(f"violations by code: {none}"))
     codes = Table(title="violations by code", box=box.SIMPLE_HEAD, title_justify="left")
     codes.add_column("code")
     codes.add_column("count", justify="right")
     codes.add_column("first seq", justify="right")
-    for code, count, first in tt.codes():  # counted as the index grows: no rescan
+    for code, count, first in found:
         codes.add_row(_t(code.value, "red"), _t(count), _t(first))
     return RichGroup(head, verdict, Text(""), kinds, codes)
 

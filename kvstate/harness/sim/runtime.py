@@ -156,6 +156,8 @@ class Summary:
     stopped: str | None = None
     #: the error that crashed the run, if one did
     error: str | None = None
+    #: the request the first violation names (the one worth a timeline)
+    first_violation_req: str | None = None
 
     @property
     def throughput_mb_s(self) -> float:
@@ -625,10 +627,12 @@ class Simulation:
         s.journal = self.journal
         ledger = Ledger(archive=SpillArchive())
         try:
-            found = Counter(v.code.value for v in ledger.fold(self.entries()) if not v.is_warning)
+            findings = [v for v in ledger.fold(self.entries()) if not v.is_warning]
         finally:
             ledger.archive.close()
+        found = Counter(v.code.value for v in findings)
         s.violations = dict(sorted(found.items()))
+        s.first_violation_req = next((v.req for v in findings if v.req is not None), None)
         s.leaked_pins = found.get("LEAKED_PIN", 0)
 
     def entries(self) -> Iterator[Entry]:

@@ -173,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
     for line in (
         f"kvstate replay {paths['legacy']}            # the first violation, explained",
         f"kvstate replay {paths['kvstate']}           # clean",
-        f"kvstate timeline {paths['legacy']} --req req-0",
+        f"kvstate timeline {paths['legacy']} --req {legacy.first_violation_req or 'req-0'}"
+        "   # the first violation's request",
         f"kvstate replay {paths['legacy']} --minimize {args.out}/repro.jsonl",
         f"kvstate export {paths['legacy']} --format perfetto {args.out}/legacy.trace.json",
     ):
