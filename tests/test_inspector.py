@@ -118,14 +118,19 @@ def test_filter_keeps_matching_rows(tmp_path: Path) -> None:
         await pilot.press("slash", *"req r2", "enter", "2")
         await pilot.pause()
         found["requests"] = rows(app, "requests-table")
-        await pilot.press("slash", "ctrl+u", *"kind dma_started", "enter", "6")
+        # the box opens empty: what is typed replaces the filter in force
+        await pilot.press("slash", *"kind dma_started", "enter", "6")
         await pilot.pause()
         found["events"] = rows(app, "events-table")
+        await pilot.press("slash", "escape")  # Esc keeps it
+        await pilot.pause()
+        found["kept"] = [[str(app.filter)]]
 
     drive(app, script)
     assert [r[0] for r in found["requests"]] == ["r2"]
     kinds = {r[3].split(" of job")[0] for r in found["events"] if r[0] != "27"}
     assert kinds == {"DMA"} and all("started" in r[3] for r in found["events"] if r[0] != "27")
+    assert found["kept"] == [["kind dma_started"]]
 
 
 def test_enter_on_a_job_opens_its_timeline(tmp_path: Path) -> None:

@@ -96,9 +96,11 @@ class AskScreen(ModalScreen[str]):
 HELP = """\
 left / right     one record back / forward
 PgUp / PgDn      the previous / next engine step
+Home / End       the first / last record
 g                go to a seq
 n / p            next / previous violation
-/                filter: req R, job J, rank N, kind K, or a word (empty clears)
+/                filter: req R, job J, rank N, kind K, or a word (empty clears,
+                 Esc keeps the one in force)
 Enter            on a row: the timeline of its request or job
 1..6             overview, requests, jobs, blocks, violations, events
 ?                this help
@@ -348,9 +350,12 @@ class Inspector(App[None]):
             self.filter = Filter(value)
             self.refresh_views()
 
-        self.push_screen(
-            AskScreen("filter (req R, job J, rank N, kind K, word):", str(self.filter)), chosen
-        )
+        # An empty box: what is typed is the new filter, not appended to the
+        # old one, which the prompt shows (Esc keeps it, Enter on empty clears).
+        now = str(self.filter)
+        prompt = "filter (req R, job J, rank N, kind K, word)"
+        prompt += f"; now: {now}; Enter on empty clears, Esc keeps" if now else ":"
+        self.push_screen(AskScreen(prompt), chosen)
 
     def action_help(self) -> None:
         self.push_screen(TextScreen(Text(HELP), "keys"))
