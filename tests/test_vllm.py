@@ -69,10 +69,25 @@ def test_prefix_release_is_flagged_and_every_wrong_output_explained(
     _, out, _ = vllm_demo
     legacy = _summary(out)["0.27.1"]
     codes = set(legacy["codes"])
-    # The poisoning of vLLM #52360, proven by epochs and by bytes, and the
-    # req-id ABA of #51637 (a stale job's effect on the new generation).
-    # ... and KV-event parents taken from store order instead of the hash chain.
-    assert {"POISONED_READ", "POISONED_KEY", "STALE_GENERATION", "PARENT_CHAIN_BROKEN"} <= codes
+    # At any load: the poisoning of vLLM #52360 proven by epochs and by bytes,
+    # and KV-event parents taken from store order instead of the hash chain.
+    # How many more races land (the req-id ABA of #51637: STALE_GENERATION;
+    # PREMATURE_RETIRE) depends on how the threads are scheduled: on a loaded
+    # machine fewer preemptions land while a put is queued. Whatever lands is
+    # one of the pre-fix bugs, never a sign of a broken observer (CAUSALITY,
+    # UNLEDGERED_JOB, ...).
+    assert {"POISONED_READ", "POISONED_KEY", "PARENT_CHAIN_BROKEN"} <= codes
+    pre_fix = {
+        "POISONED_READ",
+        "POISONED_KEY",
+        "WRONG_KV_LOADED",
+        "STALE_GENERATION",
+        "PARENT_CHAIN_BROKEN",
+        "PREMATURE_RETIRE",
+        "HELD_FOREVER",
+        "CRASH",  # only when the watchdog ended a starved pool (below)
+    }
+    assert codes <= pre_fix, codes - pre_fix
     assert legacy["counts"]["poisoned keys"] > 0
     assert replay([str(out / "legacy.db")]).exit_status == 1
     stalled = legacy["engine"].get("watchdog")
