@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rich import box
@@ -115,6 +115,46 @@ def code_summary(result: ReplayResult, groups: list[Group]) -> Table:
     return table
 
 
+def lanes_of(entries: Iterable[Entry]) -> list[str]:
+    """The lanes these records fall in, in lane order: scheduler, each rank, audit."""
+    return sorted({lane(e.event) for e in entries}, key=_lane_order)
+
+
+def lane_cells(
+    entry: Entry,
+    lanes: Sequence[str],
+    here: Sequence[Violation],
+    where: Callable[[int], dict[str, Any]] | None = None,
+) -> list[Text]:
+    """One timeline row: seq, (file:seq), step, the record in its lane, its violations marked.
+
+    The one definition of a timeline row, shared by ``kvstate timeline`` and
+    the inspector's timeline screen.
+    """
+    cells: list[Text] = [_cell(entry.seq)]
+    if where is not None:
+        origin = where(entry.seq)
+        name = os.path.basename(str(origin.get("file", "")))
+        cells.append(literal(f"{name}:{origin.get('file_seq', '')}"))
+    cells.append(_cell(entry.step))
+    own = lane(entry.event)
+    for name in lanes:
+        if own != name:
+            cells.append(Text(""))
+            continue
+        text = literal(describe(entry.event))
+        if here:
+            text.stylize("bold red")
+            text.append("  <- " + ", ".join(v.code.value for v in here), style="bold red")
+        cells.append(text)
+    return cells
+
+
+def lane_columns(lanes: Sequence[str], merged: bool) -> list[str]:
+    """The column names of :func:`lane_cells`'s rows."""
+    return ["seq", *(["file:seq"] if merged else []), "step", *lanes]
+
+
 def lanes_table(
     entries: Sequence[Entry],
     marks: Mapping[int, Sequence[Violation]],
@@ -126,32 +166,15 @@ def lanes_table(
 
     With ``where`` (merged journals) each row also names its file and own seq.
     """
-    lanes = sorted({lane(e.event) for e in entries}, key=_lane_order)
+    lanes = lanes_of(entries)
     table = Table(title=literal(title), box=_box(plain), title_justify="left")
-    table.add_column("seq", justify="right")
-    if where is not None:
-        table.add_column("file:seq", overflow="fold")
-    table.add_column("step", justify="right")
-    for name in lanes:
-        table.add_column(name, overflow="fold")
+    for name in lane_columns(lanes, where is not None):
+        if name in ("seq", "step"):
+            table.add_column(name, justify="right")
+        else:
+            table.add_column(name, overflow="fold")
     for entry in entries:
-        cells: list[RenderableType] = [_cell(entry.seq)]
-        if where is not None:
-            origin = where(entry.seq)
-            name = os.path.basename(str(origin.get("file", "")))
-            cells.append(literal(f"{name}:{origin.get('file_seq', '')}"))
-        cells.append(_cell(entry.step))
-        here = marks.get(entry.seq, ())
-        for name in lanes:
-            if lane(entry.event) != name:
-                cells.append(Text(""))
-                continue
-            text = literal(describe(entry.event))
-            if here:
-                text.stylize("bold red")
-                text.append("  <- " + ", ".join(v.code.value for v in here), style="bold red")
-            cells.append(text)
-        table.add_row(*cells)
+        table.add_row(*lane_cells(entry, lanes, marks.get(entry.seq, ()), where))
     return table
 
 
@@ -308,14 +331,18 @@ def render(
     return RichGroup(*parts)
 
 
+#: the width of a report written to a pipe or a file when ``COLUMNS`` is not set
+PIPED_WIDTH = 80
+
+
 def report_console(*, stderr: bool = False) -> Console:
     """A console for reports: the terminal's width; when piped, ``COLUMNS``
-    if set, else 160 columns, so the lanes of a timeline are not cut (rich
-    would assume 80)."""
+    if set, else 80 columns, as for any text meant for a terminal or a
+    pager. Wider lanes fold within their column; ``COLUMNS=200`` widens them."""
     console = Console(stderr=stderr)
     if not console.is_terminal:
         columns = os.environ.get("COLUMNS", "")
-        width = int(columns) if columns.isdigit() and int(columns) > 20 else 160
+        width = int(columns) if columns.isdigit() and int(columns) > 20 else PIPED_WIDTH
         console = Console(width=width, stderr=stderr)
     return console
 

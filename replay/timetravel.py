@@ -365,7 +365,12 @@ class TimeTravel:
         return upto
 
     def entries(self, after: int, upto: int) -> list[Entry]:
+        """The entries with ``after < seq <= upto``, in order."""
         return list(self.records.between(after, upto))
+
+    def stream(self, after: int, upto: int) -> Iterator[Entry]:
+        """:meth:`entries` one at a time, for a scan that must not hold them all."""
+        return self.records.between(after, upto)
 
     def violations_between(self, after: int, upto: int) -> list[Violation]:
         """The violations of records with ``after < seq <= upto``, in order."""

@@ -27,3 +27,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="rewrite tests/snapshots/ from the current screens",
     )
+
+
+@pytest.fixture(autouse=True)
+def _wide_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reports written to a pipe take ``COLUMNS`` (80 without it). The tests
+    read what a report says, so they give it room for whole lines; the
+    width itself is tested in test_report.py, without ``COLUMNS``."""
+    monkeypatch.setenv("COLUMNS", "160")

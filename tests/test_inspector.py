@@ -147,7 +147,123 @@ def test_enter_on_a_job_opens_its_timeline(tmp_path: Path) -> None:
         shown.append(type(app.screen).__name__)
 
     drive(app, script)
-    assert shown == ["TextScreen", "Screen"]
+    assert shown == ["TimelineScreen", "Screen"]
+
+
+def timeline_rows(app: Inspector) -> list[list[str]]:
+    table = app.screen.query_one("#timeline-table", DataTable)
+    return [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+async def until(pilot, done: Callable[[], bool], what: str) -> None:  # type: ignore[no-untyped-def]
+    """Let the app run until ``done()``; fails after 2,000 pauses (not a clock)."""
+    for _ in range(2000):
+        if done():
+            return
+        await pilot.pause()
+    raise AssertionError(f"never happened: {what}")
+
+
+def test_a_timeline_shows_what_kvstate_timeline_shows(tmp_path: Path) -> None:
+    """The inspector's timeline of a job has kvstate timeline's rows: one
+    definition of a row (report.lane_cells), violations marked."""
+    from replay import timeline
+
+    path = zoo(tmp_path)
+    line = timeline.build([path], job=0)
+    app = Inspector(path, background=False)
+    seen: list[list[str]] = []
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        app.open_timeline("job", 0)
+        await until(pilot, lambda: getattr(app.screen, "shown", None) is not None, "rows shown")
+        seen.extend(timeline_rows(app))
+
+    drive(app, script)
+    assert [int(r[0]) for r in seen] == [e.seq for e in line.entries]
+    marked = [r for r in seen if any("<- " in cell for cell in r)]
+    assert len(marked) == len(line.violations)
+
+
+def test_a_long_timeline_is_read_off_the_ui_thread(tmp_path: Path) -> None:
+    """Enter on a request with thousands of records froze the inspector for
+    seconds (the whole journal scanned, every row laid out, on the UI
+    thread). The screen now opens at once and says it is reading; keys work
+    while the scan runs, and Esc leaves it."""
+    path = zoo(tmp_path)
+    app = Inspector(path, background=False)
+    release = threading.Event()
+    stream = app.tt.stream
+
+    def slow(after: int, upto: int):  # type: ignore[no-untyped-def]
+        release.wait(60)  # a scan that does not end until the test says so
+        return stream(after, upto)
+
+    app.tt.stream = slow  # type: ignore[method-assign]
+    seen: dict[str, object] = {}
+
+    async def script(pilot) -> None:  # type: ignore[no-untyped-def]
+        app.open_timeline("job", 0)
+        await pilot.pause()
+        seen["open"] = type(app.screen).__name__
+        seen["heading"] = str(app.screen.query_one("#timeline-heading", Static).content)
+        await pilot.press("escape")
+        seen["closed"] = type(app.screen).__name__
+        release.set()
+        app.open_timeline("job", 0)
+        await until(pilot, lambda: getattr(app.screen, "shown", None) is not None, "rows shown")
+        seen["rows"] = app.screen.shown  # type: ignore[attr-defined]
+
+    drive(app, script)
+    assert seen["open"] == "TimelineScreen"
+    assert "reading the journal" in str(seen["heading"])
+    assert seen["closed"] == "Screen"
+    assert seen["rows"]
+
+
+def test_shift_arrows_scroll_a_wide_view_sideways(tmp_path: Path) -> None:
+    """At 80 columns the Jobs lanes and the Events violations run off the
+    right edge; left/right move the cursor record, shift+left/right scroll."""
+    from kvstate.harness.sim.runtime import SimConfig, simulate
+
+    path = tmp_path / "run.db"
+    simulate(SimConfig(requests=10, seed=2, policy="legacy", world_size=2), journal=str(path))
+    app = Inspector(str(path), background=False)
+    seen: dict[str, tuple[float, float, float]] = {}
+
+    async def run() -> None:
+        async with app.run_test(size=(80, 30)) as pilot:
+            await pilot.pause()
+            await pilot.press("end")
+            for tab, key in (("jobs", "3"), ("events", "6")):
+                await pilot.press(key)
+                await pilot.pause()
+                table = app.query_one(f"#{tab}-table", DataTable)
+                assert table.virtual_size.width > 80, tab  # wider than the terminal
+                before = table.scroll_x
+                await pilot.press("shift+right")
+                await pilot.pause()
+                after = table.scroll_x
+                await pilot.press("shift+left")
+                await pilot.pause()
+                seen[tab] = (before, after, table.scroll_x)
+
+    asyncio.run(run())
+    for tab, (before, after, back) in seen.items():
+        assert before == 0 and after > 0 and back == 0, (tab, before, after, back)
+
+
+@pytest.mark.parametrize("width", [80, 100, 130])
+def test_the_blocks_strip_fits_the_width_without_cutting_a_cell(width: int) -> None:
+    from replay.tui._views import BlockStrip
+
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(BlockStrip([(b, "." if b % 3 else "2", "") for b in range(1200)]))
+    lines = console.export_text().splitlines()
+    cells = [cell for line in lines for cell in line.split()]
+    assert max(len(line) for line in lines) <= width
+    assert [int(c.split(":")[0]) for c in cells] == list(range(1200))  # none cut in two
+    assert len(lines) == -(-1200 // ((width + 1) // 7))  # as many to a line as fit
 
 
 def test_strings_from_the_journal_are_literal(tmp_path: Path) -> None:

@@ -108,12 +108,18 @@ def test_the_report_honours_columns_and_has_no_trailing_spaces(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = zoo_journal(tmp_path, "req-id-aba")
-    for width in ("72", "130"):
-        monkeypatch.setenv("COLUMNS", width)
+    widths = {}
+    for width in ("72", "130", None):
+        if width is None:
+            monkeypatch.delenv("COLUMNS")  # piped with nothing said: 80, as a terminal
+        else:
+            monkeypatch.setenv("COLUMNS", width)
         out = report(capsys, path)
         lines = out.splitlines()
-        assert max(len(line) for line in lines) <= int(width)
+        widths[width] = max(len(line) for line in lines)
         assert all(line == line.rstrip() for line in lines)
+    assert widths["72"] <= 72 and widths["130"] <= 130 and widths[None] <= 80
+    assert widths["130"] > 80  # the report does use the width it is given
 
 
 def test_merged_reports_name_each_records_file_and_own_seq(

@@ -14,8 +14,9 @@ from typing import Any, Protocol
 
 import attrs
 from rich import box
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.console import Group as RichGroup
-from rich.console import RenderableType
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -231,26 +232,55 @@ def jobs_view(ledger: Ledger, seq: int, flt: Filter) -> TableView:
     return TableView(seq, columns, rows)
 
 
+class BlockStrip:
+    """Blocks as ``number:refs`` cells, as many to a line as the width allows.
+
+    A fixed 16 to a line (112 columns) wrapped mid-cell at 80 and 100
+    columns; every cell here is as wide as the widest block number, and a
+    line holds as many whole cells as fit.
+    """
+
+    def __init__(self, cells: list[tuple[int, str, str]]) -> None:
+        #: (block, refs character, style)
+        self.cells = cells
+        self.cell_width = len(str(max((b for b, _, _ in cells), default=0))) + 2
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        per_line = max(1, (options.max_width + 1) // (self.cell_width + 1))
+        line = Text()
+        for i, (block, char, style) in enumerate(self.cells):
+            if i % per_line:
+                line.append(" ")
+            line.append(f"{block:>{self.cell_width - 2}}:{char}", style=style)
+            if (i + 1) % per_line == 0:
+                yield line
+                line = Text()
+        if line:
+            yield line
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(self.cell_width, options.max_width)
+
+
 def blocks_view(ledger: Ledger, seq: int, flt: Filter) -> TextView:
     """Every block: holders, pins, and the ones handed to a new holder at ``seq``."""
     blocks = ledger.blocks
     pinned = {b for j in ledger.pinned for b in ledger.jobs[j].pins}
-    strip = Text()
-    for i, block in enumerate(range(max(blocks, default=-1) + 1)):
+    cells = []
+    for block in range(max(blocks, default=-1) + 1):
         state = blocks.get(block)
         refs = state.refs if state is not None else 0
         char = "." if refs == 0 else str(min(refs, 9))
         style = "bold yellow" if block in pinned else ("green" if refs else "dim")
         if state is not None and state.epoch_seq == seq:
             style = "bold reverse red"  # handed to a new holder by this very record
-        strip.append(f"{block:>4}:{char}", style=style)
-        strip.append("\n" if (i + 1) % 16 == 0 else " ")
+        cells.append((block, char, style))
     legend = Text(
         "\nblock:refs  . free · digit: holders · yellow: pinned by a job · "
         "reverse red: new epoch at this record",
         style="dim",
     )
-    return TextView(seq, RichGroup(strip, legend))
+    return TextView(seq, RichGroup(BlockStrip(cells), legend))
 
 
 #: the views that need the ledger folded to the cursor, and their builders

@@ -16,26 +16,24 @@ import time
 from typing import Any
 
 from rich.console import Group as RichGroup
-from rich.console import RenderableType
 from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
-from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
+from textual.widgets import DataTable, Footer, Header, Static, TabbedContent, TabPane
 
 from journal.database import BEFORE_FIRST
-from kvstate.codec import Entry
 from kvstate.violations import Violation
 from replay.explain import describe, explain, lane
 from replay.report import lanes_table
 from replay.safe import printable
-from replay.timeline import selector
 from replay.timetravel import TimeTravel
 
 from ._folder import Folder, View, Wish
+from ._matches import Matches
+from ._screens import AskScreen, TextScreen, TimelineScreen
 from ._views import LEDGER_VIEWS, Filter, TableView, Target, TextView, _t, overview
 
 TABS = ("overview", "requests", "jobs", "blocks", "violations", "events")
@@ -52,51 +50,12 @@ class FoldReady(Message):
 VIOLATIONS_SHOWN = 120
 
 
-class TextScreen(ModalScreen[None]):
-    """A modal with a scrollable renderable (help, timelines); Esc or q closes it."""
-
-    BINDINGS = [Binding("escape", "dismiss", "close"), Binding("q", "dismiss", "close")]
-
-    def __init__(self, body: RenderableType, title: str) -> None:
-        super().__init__()
-        self.body = body
-        self.heading = title
-
-    def compose(self) -> ComposeResult:
-        with VerticalScroll(id="modal"):
-            yield Static(Text(self.heading, style="bold"))
-            yield Static(self.body, id="modal-body")
-        yield Footer()
-
-    def action_dismiss(self, result: None = None) -> None:  # type: ignore[override]
-        self.dismiss(None)
-
-
-class AskScreen(ModalScreen[str]):
-    """One line of input (go to seq, filter); Enter accepts, Esc cancels."""
-
-    BINDINGS = [Binding("escape", "cancel", "cancel")]
-
-    def __init__(self, prompt: str, value: str = "") -> None:
-        super().__init__()
-        self.prompt = prompt
-        self.value = value
-
-    def compose(self) -> ComposeResult:
-        yield Static(Text(self.prompt))
-        yield Input(value=self.value, id="ask")
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value)
-
-    def action_cancel(self) -> None:
-        self.dismiss("\x00")
-
-
 HELP = """\
 left / right     one record back / forward
 PgUp / PgDn      the previous / next engine step
 Home / End       the first / last record
+Shift+left/right scroll a view wider than the terminal sideways
+                 (in a timeline: left / right)
 g                go to a seq
 n / p            next / previous violation
 /                filter: req R, job J, rank N, kind K, or a word (empty clears,
@@ -117,6 +76,7 @@ class Inspector(App[None]):
     TabbedContent { height: 1fr; }
     TabPane { height: 1fr; padding: 0; }
     DataTable { height: 1fr; }
+    #timeline-heading { height: auto; }
     #violations-table { height: 1fr; width: 1fr; }
     #violation-detail { height: 12; border-top: solid $accent; padding: 0 1; }
     #modal { padding: 1 2; border: round $accent; }
@@ -132,6 +92,8 @@ class Inspector(App[None]):
         Binding("pageup", "step(-1)", "prev step", show=False, priority=True),
         Binding("pagedown", "step(1)", "next step", show=False, priority=True),
         Binding("home", "edge(-1)", "first record", show=False, priority=True),
+        Binding("shift+left", "sideways(-1)", "scroll left", show=False, priority=True),
+        Binding("shift+right", "sideways(1)", "scroll right", show=False, priority=True),
         Binding("end", "edge(1)", "last record", show=False, priority=True),
         Binding("g", "goto", "go to seq", show=False),
         Binding("n", "violation(1)", "next viol."),
@@ -143,7 +105,7 @@ class Inspector(App[None]):
     ]
     #: the actions of the main view, which a modal screen must not trigger
     VIEW_ACTIONS = frozenset(
-        {"move", "step", "edge", "goto", "violation", "filter", "help", "tab", "quit"}
+        {"move", "step", "edge", "sideways", "goto", "violation", "filter", "help", "tab", "quit"}
     )
 
     def __init__(
@@ -164,10 +126,8 @@ class Inspector(App[None]):
         self._frozen = False
         self._seen_last = self.tt.last_seq
         self._targets: dict[str, tuple[str, str | int]] = {}
-        #: the whole journal's records that match the filter: (filter, last seq, entries)
-        self._matched: tuple[str, int, list[Entry]] | None = None
-        #: the violations that match the filter: ((filter, count), violations)
-        self._matched_violations: tuple[tuple[str, int], list[Violation], list[int]] | None = None
+        #: what the filter takes of the whole journal (records, violations), cached
+        self.matches = Matches(self.tt)
         self._shown_violations: list[Violation] = []
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -309,6 +269,18 @@ class Inspector(App[None]):
         """Home: the first record; End: the last."""
         self.go(self.tt.last_seq if direction > 0 else min(1, self.tt.last_seq))
 
+    def action_sideways(self, direction: int) -> None:
+        """Shift+left/right: scroll the active view by half its width. Plain
+        left/right move the cursor record, so tables and the blocks pane wider
+        than the terminal (the Events view's violations, the Jobs lanes) need
+        keys of their own."""
+        active = self._active()
+        panes = self.query(f"#{active}-table") or self.query(f"#{active} VerticalScroll")
+        if panes:
+            pane = panes.first()
+            step = max(8, pane.size.width // 2)
+            pane.scroll_to(x=pane.scroll_x + direction * step, animate=False)
+
     def action_step(self, direction: int) -> None:
         self.go(self.tt.step_start(self.cursor, direction))
 
@@ -384,17 +356,8 @@ class Inspector(App[None]):
             self.open_timeline(*target)
 
     def open_timeline(self, what: str, value: str | int) -> None:
-        wanted = selector(
-            str(value) if what == "req" else None, int(value) if what == "job" else None
-        )
-        entries = [e for e in self.tt.entries(BEFORE_FIRST, self.tt.last_seq) if wanted(e.event)]
-        marks: dict[int, list[Violation]] = {}
-        if entries:
-            for v in self.tt.violations_between(entries[0].seq - 1, entries[-1].seq):
-                marks.setdefault(v.seq, []).append(v)
-        shown = {e.seq: marks[e.seq] for e in entries if e.seq in marks}
-        table = lanes_table(entries, shown, f"{len(entries)} records", plain=False)
-        self.push_screen(TextScreen(table, f"timeline of {what} {value}"))
+        """The timeline of a request or job, read on a thread (see TimelineScreen)."""
+        self.push_screen(TimelineScreen(self.tt, what, value))
 
     # -- rendering ------------------------------------------------------------------------
 
@@ -480,40 +443,9 @@ class Inspector(App[None]):
             table.scroll_to(y=row - visible // 2, animate=False, immediate=True)
         table.move_cursor(row=row)
 
-    def _violation_page(self) -> tuple[list[Violation], int | None]:
-        """The violations shown, the latest page up to the cursor, and the row
-        of the first violation of the latest record (None if there is none).
-
-        Like every view, this one shows the journal as of the cursor: the
-        violations of later records are not found yet.
-        """
-        if self.filter:
-            matched, seqs = self._filtered_violations()
-            here = bisect.bisect_right(seqs, self.cursor)
-            page = matched[max(0, here - VIOLATIONS_SHOWN) : here]
-        else:
-            _start, page = self.tt.violations_around(self.cursor, VIOLATIONS_SHOWN, 0)
-        upto = [i for i, v in enumerate(page) if v.seq <= self.cursor]
-        if not upto:
-            return page, None
-        latest = page[upto[-1]].seq
-        return page, next(i for i in upto if page[i].seq == latest)
-
-    def _filtered_violations(self) -> tuple[list[Violation], list[int]]:
-        """Every violation the filter takes and their seqs (cached per filter and count)."""
-        key = (str(self.filter), len(self.tt.violations))
-        if self._matched_violations is None or self._matched_violations[0] != key:
-            found = [
-                v
-                for v in self.tt.violations_upto(self.tt.last_seq)
-                if self.filter.matches(job=v.job, req=v.req, rank=v.rank, kind=v.code.value)
-            ]
-            self._matched_violations = (key, found, [v.seq for v in found])
-        return self._matched_violations[1], self._matched_violations[2]
-
     def _render_violations(self) -> None:
         table = self._table("violations-table", "seq", "code", "entities", "message", "chain")
-        shown, row = self._violation_page()
+        shown, row = self.matches.violation_page(self.filter, self.cursor, VIOLATIONS_SHOWN)
         for v in shown:
             entities = ", ".join(
                 f"{n} {getattr(v, n)}"
@@ -554,20 +486,11 @@ class Inspector(App[None]):
         lanes = lanes_table([records[s] for s in chain], {v.seq: [v]}, "chain", plain=False)
         story.update(RichGroup(head, lanes))
 
-    def _filtered(self) -> list[Entry]:
-        """Every record of the whole journal that the filter takes (cached per filter)."""
-        key = str(self.filter)
-        if self._matched is None or self._matched[:2] != (key, self.tt.last_seq):
-            wanted = self.filter.record_matcher()
-            found = [e for e in self.tt.entries(BEFORE_FIRST, self.tt.last_seq) if wanted(e.event)]
-            self._matched = (key, self.tt.last_seq, found)
-        return self._matched[2]
-
     def _render_events(self) -> None:
         table = self._table("events-table", "seq", "step", "lane", "record", "violations")
         if self.filter:
             # The filter searches the whole journal; show the matches around the cursor.
-            matched = self._filtered()
+            matched = self.matches.records(self.filter)
             here = bisect.bisect_left([e.seq for e in matched], self.cursor)
             entries = matched[max(0, here - EVENTS_AROUND) : here + EVENTS_AROUND]
         else:
