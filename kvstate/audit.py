@@ -10,9 +10,11 @@ on the records of one recorder:
   thread, so a strict ledger raises at the call that breached an invariant
   (tests, tools, the simulator; this costs the caller the fold);
 * ``commit``: the records are folded where the journal is written, after
-  each commit (the writer thread, or the writer process): the caller pays
-  only for its guards and the hand-over, and the findings reach the ledgers
-  within one commit, a strict ledger raising them at its next call;
+  each commit (the writer thread, or the writer process, the default of
+  :meth:`Recorder.open`): the caller pays only for its guards and the
+  hand-over. A writer process folds a batch once it is durable, so its
+  findings come back with the answer to the next commit; a strict ledger
+  raises them at its first call after that;
 * ``off``: nothing is folded live; ``kvstate replay`` judges the journal.
 
 What the fold is depends on what the recorder carries, known once the

@@ -100,8 +100,8 @@ class Recorder:
         block_size: int,
         world_size: int,
         background: bool = True,
-        process: bool = False,
-        audit: str = "inline",
+        process: bool = True,
+        audit: str = "commit",
         keep: bool = False,
         clock: Callable[[], int] = time.monotonic_ns,
         synchronous: str = "NORMAL",
@@ -122,12 +122,15 @@ class Recorder:
         each its ``role`` ("scheduler", "worker-0", ...): readers merge only
         journals of one run, each role once.
 
-        Where the journal is written: with ``process`` by a writer process
+        Where the journal is written: by default, by a writer process
         (:class:`journal.ProcessWriter`: the engine's thread encodes one blob
         per commit and writes it to a pipe, nothing else), which with
-        ``audit="commit"`` also runs the fold; otherwise by a thread of this
-        process (``background``, the default) or, without it, on the
-        committing thread (tests, small tools).
+        ``audit="commit"`` (the default) also runs the fold, so the caller
+        pays for its guards and the hand-over only and gets the audit's
+        findings within one commit. With ``process=False`` the journal is
+        written by a thread of this process (``background``) or, without
+        it, on the committing thread: for tests and small tools, where the
+        start of a second interpreter costs more than it saves.
         """
         journal = Journal(path, synchronous=synchronous)
         if len(journal):

@@ -5,6 +5,11 @@ returned. Used by the kill tests and by the soak command
 
 After every SIGKILL the journal must open, its hash chain must verify, every
 record whose commit returned must be there, and replay must work on it.
+
+``writer`` is where the journal is written: ``thread`` (a thread of the
+killed process: SQLite's own durability under SIGKILL) or ``process`` (the
+default writer process, which outlives the kill long enough to write what
+it was handed and end the journal with ``engine_crashed``).
 """
 
 from __future__ import annotations
@@ -22,10 +27,15 @@ from journal import Journal
 from kvstate import JobSpec, Recorder, SchedulerLedger, WorkerLedger
 
 
-def drive(path: str, report_fd: int, seed: int, synchronous: str = "NORMAL") -> None:
-    """Write steps forever (until killed), reporting each committed seq on ``report_fd``."""
+def drive(
+    path: str, report_fd: int, seed: int, synchronous: str = "NORMAL", writer: str = "thread"
+) -> None:
+    """Write steps forever (until killed), reporting each committed seq on ``report_fd``
+    (and first, with the writer process, ``pid N``: that process's id)."""
     rng = random.Random(seed)
-    rec = Recorder.open(path, block_size=4, world_size=2, synchronous=synchronous)
+    rec = Recorder.open(
+        path, block_size=4, world_size=2, synchronous=synchronous, process=writer == "process"
+    )
     sched = SchedulerLedger(rec)
     workers = [WorkerLedger(r, rec) for r in range(2)]
     free = list(range(64))
@@ -34,6 +44,8 @@ def drive(path: str, report_fd: int, seed: int, synchronous: str = "NORMAL") -> 
     while True:
         committed = rec.recorded  # every record so far: begin_step commits them
         step = sched.begin_step()
+        if step == 1 and writer == "process":  # it starts at the first commit
+            os.write(report_fd, f"pid {rec.writer.pid}\n".encode())  # type: ignore[union-attr]
         os.write(report_fd, f"{committed}\n".encode())
         for w in workers:
             w.begin_step(step)
@@ -68,8 +80,13 @@ def drive(path: str, report_fd: int, seed: int, synchronous: str = "NORMAL") -> 
                 free.extend(running.pop(req))
 
 
-def check(path: str, committed: int) -> int:
-    """Verify a killed journal; returns how many records it holds. Raises on a breach."""
+def check(path: str, committed: int, writer: str = "thread") -> int:
+    """Verify a killed journal; returns how many records it holds. Raises on a breach.
+
+    A journal of the writer process must end with the ``engine_crashed`` it
+    wrote for the killed engine, and that CRASH must be its only finding.
+    """
+    from kvstate.violations import Code
     from replay import replay
 
     with Journal(path, readonly=True) as journal:
@@ -82,12 +99,27 @@ def check(path: str, committed: int) -> int:
         )
     if seqs:
         result = replay([path])
-        if result.violations:
-            raise AssertionError(f"{path}: violations after a kill: {result.violations[:3]}")
+        found = result.violations
+        if writer == "process":
+            if [(v.code, v.seq) for v in found] != [(Code.CRASH, seqs[-1])]:
+                raise AssertionError(f"{path}: not ended by the writer process: {found[:3]}")
+        elif found:
+            raise AssertionError(f"{path}: violations after a kill: {found[:3]}")
     return len(seqs)
 
 
-def kill_once(folder: str, seed: int, synchronous: str = "NORMAL") -> tuple[int, int]:
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie nobody reaps counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def kill_once(
+    folder: str, seed: int, synchronous: str = "NORMAL", writer: str = "thread"
+) -> tuple[int, int]:
     """Fork a writer, SIGKILL it at a random moment, check the journal.
 
     Returns (seq of the last commit that returned, records found).
@@ -99,7 +131,7 @@ def kill_once(folder: str, seed: int, synchronous: str = "NORMAL") -> tuple[int,
     if pid == 0:  # the child: write until killed
         os.close(read_fd)
         try:
-            drive(path, write_fd, seed, synchronous)
+            drive(path, write_fd, seed, synchronous, writer)
         finally:
             os._exit(3)
     os.close(write_fd)
@@ -112,8 +144,16 @@ def kill_once(folder: str, seed: int, synchronous: str = "NORMAL") -> tuple[int,
     while chunk := os.read(read_fd, 65536):
         data += chunk
     os.close(read_fd)
-    committed = max((int(x) for x in data.split()), default=0)
-    found = check(path, committed)
+    lines = data.decode().splitlines()
+    committed = max((int(x) for x in lines if x.isdigit()), default=0)
+    for line in lines:
+        if line.startswith("pid "):
+            # The writer process drains what it was handed, then ends the
+            # journal and exits: wait for that (it is not our child).
+            pid = int(line.split()[1])
+            while not _gone(pid):
+                time.sleep(0.01)
+    found = check(path, committed, writer)
     return committed, found
 
 
@@ -121,12 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="SIGKILL a journal writer many times")
     parser.add_argument("--kills", type=int, default=2000)
     parser.add_argument("--synchronous", choices=("NORMAL", "FULL"), default="NORMAL")
+    parser.add_argument("--writer", choices=("thread", "process"), default="thread")
     args = parser.parse_args(argv)
     started = time.monotonic()
     total = 0
     with tempfile.TemporaryDirectory() as folder:
         for seed in range(args.kills):
-            _committed, found = kill_once(folder, seed, args.synchronous)
+            _committed, found = kill_once(folder, seed, args.synchronous, args.writer)
             total += found
             os.unlink(os.path.join(folder, f"kill-{seed}.db"))
     print(

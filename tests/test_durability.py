@@ -43,6 +43,18 @@ def test_hundreds_of_sigkills_lose_no_committed_record(tmp_path: Path) -> None:
     assert records > 10_000  # the kills landed mid-run, not before the first step
 
 
+def test_sigkills_of_an_engine_with_a_writer_process(tmp_path: Path) -> None:
+    """The default writer: the killed engine's journal keeps every commit
+    that returned and more (what was handed over), and the writer process
+    ends it with engine_crashed, replayed as the run's one CRASH."""
+    records = 0
+    for seed in range(30):
+        committed, found = crashsim.kill_once(str(tmp_path), seed, writer="process")
+        assert found > committed  # engine_crashed at least
+        records += found
+    assert records > 1_000
+
+
 def test_sigkills_with_synchronous_full(tmp_path: Path) -> None:
     for seed in range(20):
         committed, found = crashsim.kill_once(str(tmp_path), seed, "FULL")
@@ -88,7 +100,14 @@ def test_an_uncaught_strict_raise_is_journaled_and_not_clean(tmp_path: Path) -> 
         sched.admit("r", 8)
         sched.assign_blocks("r", [0], resumed=False)
         job = sched.enqueue_store_job("r", 0, 4, ["a"])
-        sched.release_pins(job)  # no completion yet: EARLY_RELEASE kills the process
+        sched.release_pins(job)  # no completion yet: EARLY_RELEASE
+        # The audit runs in the writer process, after the batch is durable:
+        # its finding comes back with the next commit's answer, and the call
+        # after that raises it, killing the process.
+        sched.begin_step()
+        sched.begin_step()
+        sched.admit("s", 8)
+        raise SystemExit("not raised")
         """,
         path,
     )

@@ -254,7 +254,11 @@ def test_early_release_is_an_explicit_exception() -> None:
 
 def test_journal_database_written_by_the_ledgers_replays_clean(tmp_path: Path) -> None:
     path = tmp_path / "run.db"
-    rec = Recorder.open(path, block_size=4, world_size=2, policy="kvstate", keep=True)
+    # The fold in this process (inline), to compare with the journal's replay.
+    rec = Recorder.open(
+        path, block_size=4, world_size=2, policy="kvstate", keep=True, process=False,
+        audit="inline",
+    )  # fmt: skip
     sched = SchedulerLedger(rec)
     workers = [WorkerLedger(r, rec) for r in range(2)]
     for step in range(5):
