@@ -36,6 +36,7 @@ def snapshot(ledger: Ledger) -> Ledger:
     new.last_seq, new.last_kind = ledger.last_seq, ledger.last_kind
     new.crashes = list(ledger.crashes)
     new.keys_missing = ledger.keys_missing
+    new.foreign_loads = ledger.foreign_loads
     new.pinned = dict(ledger.pinned)
     new.reported_once = ledger.reported_once.copy()
     return new
@@ -61,8 +62,9 @@ def folded_state(ledger: Ledger) -> tuple[Any, ...]:
     return (
         ledger.observes_workers, ledger.header, ledger.requests, ledger.blocks, ledger.jobs,
         ledger.ranks, ledger.last_job, ledger.last_job_seq, ledger.step, ledger.records,
-        ledger.last_seq, ledger.last_kind, ledger.crashes, ledger.keys_missing, ledger.pinned,
-        ledger.archive.key_log(ledger.last_seq or 0), ledger.reported_once,
+        ledger.last_seq, ledger.last_kind, ledger.crashes, ledger.keys_missing,
+        ledger.foreign_loads, ledger.pinned, ledger.archive.key_log(ledger.last_seq or 0),
+        ledger.reported_once,
     )  # fmt: skip
 
 

@@ -481,6 +481,22 @@ class LoadVerified(Event, frozen=True):
     job: Id | None = None
 
 
+@_kind("key_loaded", SIDE_AUDIT)
+class KeyLoaded(Event, frozen=True):
+    """Addition: a request loaded ``key``, written by another engine.
+
+    The loading process did not write the key, so it cannot say whether the
+    bytes are right; ``digest`` is the fingerprint of what it loaded. A
+    fleet check joins it with the writer's ``key_verified``: a load whose
+    digest is the ``actual`` of a poisoned key took the poison.
+    """
+
+    req: str
+    gen: Id
+    key: str
+    digest: str
+
+
 @_kind("key_missing", SIDE_AUDIT)
 class KeyMissing(Event, frozen=True):
     """Addition: the store had no value to read back under ``key``.

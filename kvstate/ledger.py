@@ -100,6 +100,8 @@ class Ledger:
         self.crashes: list[int] = []
         #: key_missing records: keys the store no longer had when read back
         self.keys_missing = 0
+        #: key_loaded records: loads of keys another engine wrote (judged across runs)
+        self.foreign_loads = 0
         #: jobs whose pins are still held, in enqueue order
         self.pinned: dict[int, None] = {}
         #: (code, entity) of the findings reported once (copies share it, see _layered)
@@ -120,6 +122,7 @@ class Ledger:
             ev.EngineIdle: self._on_idle,
             ev.KeyVerified: self._on_key_verified,
             ev.LoadVerified: self._on_load_verified,
+            ev.KeyLoaded: self._on_key_loaded,
             ev.KeyMissing: self._on_key_missing,
         }
 
@@ -465,6 +468,12 @@ class Ledger:
     def _on_load_verified(self, seq: int, event: ev.LoadVerified, out: Out) -> None:
         if self._incarnation(seq, event.kind, event.req, event.gen, out) is not None:
             check_load(self, seq, event, out)
+
+    def _on_key_loaded(self, seq: int, event: ev.KeyLoaded, out: Out) -> None:
+        """A load of another engine's key: nothing to judge in this run (a
+        fleet check joins it with the writer's audit); counted."""
+        if self._incarnation(seq, event.kind, event.req, event.gen, out) is not None:
+            self.foreign_loads += 1
 
     # -- views (written out in kvstate._copies) ---------------------------------------
 

@@ -8,8 +8,11 @@ kind per row:
 * ``key_written``: a key of a ``job_enqueued``; ``verdict`` is
   ``poisoned_read`` when replay found the job's device read poisoned
   (``POISONED_READ``), else ``ok``; ``digest`` is the first ``dma_done``'s;
-* ``key_verified``: a stored key read back after the run (``ok``);
-* ``key_loaded``: a request loaded a key (``ok``: it held what it should);
+* ``key_verified``: a stored key read back after the run (``ok``; ``digest``
+  is the fingerprint of the bytes read back, the ``actual``);
+* ``key_loaded``: a request loaded a key (``ok``: it held what it should;
+  null for a key another engine wrote, which this run cannot judge: then
+  ``digest`` is the fingerprint of the bytes loaded);
 * ``violation``: every finding, with its code, message and entities;
 * ``request``: each incarnation's last scheduler record (``outcome``).
 
@@ -123,6 +126,7 @@ def _rows(run: str, paths: Sequence[str], poisoned_jobs: set[int]) -> Iterator[d
                 "key": event.key,
                 "job": event.job,
                 "ok": event.ok,
+                "digest": None if event.actual is None else str(event.actual),
             }
         elif isinstance(event, ev.LoadVerified):
             yield {
@@ -133,6 +137,15 @@ def _rows(run: str, paths: Sequence[str], poisoned_jobs: set[int]) -> Iterator[d
                 "req": event.req,
                 "gen": event.gen,
                 "ok": event.ok,
+            }
+        elif isinstance(event, ev.KeyLoaded):
+            yield {
+                **where,
+                "fact": "key_loaded",
+                "key": event.key,
+                "req": event.req,
+                "gen": event.gen,
+                "digest": event.digest,
             }
         elif isinstance(
             event, (ev.RequestAdmitted, ev.RequestResumed, ev.RequestPreempted, ev.RequestFinished)

@@ -132,7 +132,9 @@ def check_runs(
 #: whose device read was poisoned wrote them), with the writing job's enqueue
 #: and poisoned read named in the writer's files. Only wrong loads: a key
 #: name says nothing of which store held it, and a load that read the right
-#: bytes came from a store the poisoned put never reached.
+#: bytes came from a store the poisoned put never reached. A load the loader
+#: could not judge (``key_loaded``: another engine wrote the key) counts
+#: when its digest is the one the writer's audit read back as poisoned.
 CROSS_RUN_SQL = """
 WITH jobs AS (
     SELECT run, job, arg_min(file, seq) AS file, arg_min(file_seq, seq) AS file_seq,
@@ -141,7 +143,8 @@ WITH jobs AS (
     GROUP BY run, job
 ),
 poisoned AS (
-    SELECT run, key, arg_min(job, seq) AS job
+    SELECT run, key, arg_min(job, seq) AS job,
+           max(digest) FILTER (WHERE fact = 'key_verified') AS digest
     FROM facts
     WHERE (fact = 'key_written' AND verdict = 'poisoned_read')
        OR (fact = 'key_verified' AND NOT ok)
@@ -161,7 +164,10 @@ FROM facts AS l
 JOIN poisoned AS p ON p.key = l.key AND p.run <> l.run
 LEFT JOIN jobs AS j ON j.run = p.run AND j.job = p.job
 LEFT JOIN read_poisoned AS r ON r.run = p.run AND r.job = p.job
-WHERE l.fact = 'key_loaded' AND NOT l.ok
+WHERE l.fact = 'key_loaded'
+  -- judged by the loader, or (a key another engine wrote) the very bytes the
+  -- writer's audit read back as poisoned
+  AND (NOT l.ok OR (l.ok IS NULL AND l.digest = p.digest))
 ORDER BY l.run, l.seq, p.run
 """
 

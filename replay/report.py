@@ -305,6 +305,16 @@ def render(
         parts.extend(ledger_tables(result.ledger, plain))
     groups = group(result.violations)
     parts.append(summary_line(result, len(groups) if result.violations else None))
+    foreign = result.folded.foreign_loads
+    if foreign:
+        parts.append(
+            Text(
+                f"{foreign} load(s) of keys another engine wrote (key_loaded): not judged "
+                "here, as this run cannot know what they should hold; kvstate fleet-check "
+                "with the writer's journal traces any that took poisoned bytes",
+                style="yellow",
+            )
+        )
     if result.violations:
         parts.append(code_summary(result, groups))
         first = result.violations[0]

@@ -182,3 +182,88 @@ def test_replay_of_a_folder_replays_each_run_as_alone(
     assert main(["replay", *files]) == 2
     capsys.readouterr()
     assert main(["replay", "--by-run", "--workers", "1", *files]) == 1
+
+
+def test_a_load_of_another_engines_key_is_judged_by_its_digest(tmp_path: Path) -> None:
+    """A real engine cannot judge a key another engine wrote: it journals
+    key_loaded with the digest of what it loaded. The fleet join counts such
+    a load as wrong exactly when the digest is the one the writer's audit
+    read back as poisoned, and names the writer's job and request."""
+    from journal import write_jsonl
+    from kvstate import events as ev
+    from kvstate.codec import to_record
+    from kvstate.recorder import Recorder
+
+    def journal(name: str, run: str, events: list[ev.Event]) -> str:
+        header = ev.JournalOpened(version=1, block_size=4, world_size=1, run=run)
+        rec = Recorder(header, keep=True, audit="off")
+        for e in events:
+            rec.record(e, 0)
+        path = str(tmp_path / name)
+        write_jsonl((to_record(e) for e in rec.entries or []), path)
+        return path
+
+    writer = journal(
+        "a.jsonl",
+        "run-a",
+        [
+            ev.RequestAdmitted(req="w", gen=0, prompt_tokens=8),
+            ev.BlocksAssigned(req="w", gen=0, blocks=(0, 1), mode="append"),
+            ev.JobEnqueued(
+                job=7,
+                req="w",
+                gen=0,
+                token_start=0,
+                token_end=8,
+                keys=("k1", "k2"),
+                reads=(0, 1),
+                pins=(0, 1),
+                world_size=1,
+            ),
+            ev.KeyVerified(key="k1", ok=False, expected="e1", actual="poison", job=7),
+            ev.KeyVerified(key="k2", ok=True, expected="e2", actual="e2", job=7),
+        ],
+    )
+    loader = journal(
+        "b.jsonl",
+        "run-b",
+        [
+            ev.RequestAdmitted(req="r", gen=0, prompt_tokens=8),
+            ev.KeyLoaded(req="r", gen=0, key="k1", digest="poison"),  # A's poisoned bytes
+            ev.KeyLoaded(req="r", gen=0, key="k1", digest="e1"),  # right bytes, elsewhere
+            ev.KeyLoaded(req="r", gen=0, key="k2", digest="e2"),  # a key A wrote well
+        ],
+    )
+    assert replay([loader]).verdict == "clean"  # nothing to judge within run B
+    facts = str(tmp_path / "facts")
+    check_runs({"run-a": [writer], "run-b": [loader]}, facts, workers=1)
+    found = cross_run([facts_path(facts, run) for run in ("run-a", "run-b")])
+    assert [(w["loaded_run"], w["key"], w["written_job"], w["written_req"]) for w in found] == [
+        ("run-b", "k1", 7, "w")
+    ]
+    assert found[0]["loaded_seq"] == 3  # the load of the poisoned digest, not the other
+
+
+def test_a_run_that_loaded_another_engines_keys_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Replayed alone, a run with key_loaded records is clean of its own bugs
+    and says that what it loaded from elsewhere is judged across runs."""
+    from journal import write_jsonl
+    from kvstate import events as ev
+    from kvstate.codec import to_record
+    from kvstate.recorder import Recorder
+
+    rec = Recorder(ev.JournalOpened(version=1, block_size=4, world_size=1), keep=True)
+    for e in (
+        ev.RequestAdmitted(req="r", gen=0, prompt_tokens=8),
+        ev.KeyLoaded(req="r", gen=0, key="k1", digest="d"),
+        ev.KeyLoaded(req="r", gen=0, key="k2", digest="d"),
+        ev.EngineIdle(),
+    ):
+        rec.record(e, 0)
+    path = str(tmp_path / "b.jsonl")
+    write_jsonl((to_record(e) for e in rec.entries or []), path)
+    assert main(["replay", path]) == 0
+    out = capsys.readouterr().out
+    assert "2 load(s) of keys another engine wrote" in out and "fleet-check" in out

@@ -262,11 +262,18 @@ class WorkerObserver:
         if not self.fingerprint or gen is None:
             return
         for key, a, z, code in zip(keys, addrs, sizes, result, strict=True):
+            if code < 0:
+                continue
             name = _key_hex(key)
             wrote = self.written.get(name)
-            if wrote is None or code < 0:
+            digest = _fingerprint.of_segments(a, z)
+            if wrote is None:
+                # Another engine sharing the store wrote it: this run cannot
+                # judge the bytes; a fleet check joins the digest with the
+                # writer's audit (a mixed-release fleet mid-upgrade).
+                self._record(ev.KeyLoaded(req=meta.req_id, gen=gen, key=name, digest=digest))
                 continue
-            ok = _fingerprint.of_segments(a, z) == wrote[2]
+            ok = digest == wrote[2]
             self._record(ev.LoadVerified(req=meta.req_id, gen=gen, key=name, ok=ok, job=wrote[0]))
 
     def audit(self) -> dict[str, int]:
