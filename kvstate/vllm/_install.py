@@ -36,6 +36,10 @@ _worker_config: dict[str, Any] = {}
 _settings: dict[str, Any] = {"fingerprint": True}
 #: errors inside the observer; a journal they touched is never reported clean
 failures: list[str] = []
+#: ``ended``: finish() ended this process's journals; install() starts anew
+_state = {"ended": False}
+#: ranks whose journal could not be opened: not tried again on every call
+_unobservable: set[int] = set()
 _log = logging.getLogger("kvstate.vllm")
 
 
@@ -75,6 +79,8 @@ def install(
             _journals.chosen_dir = Path(journal_dir)
         if fingerprint is not None:  # a later bare install() keeps the choice
             _settings["fingerprint"] = fingerprint
+        _state["ended"] = False  # observe again (after a finish(), new journals)
+        _unobservable.clear()
         if _connector is not None:
             return _connector
         connector = detect()
@@ -109,6 +115,9 @@ def finish(*, audit: bool | None = None, error: str | None = None) -> dict[str, 
     counts = {"verified": 0, "poisoned": 0, "missing": 0}
     read_back = (error is None) if audit is None else audit
     with _lock:
+        # An engine that goes on (a watchdog called this) is no longer
+        # observed: a journal opened now would start mid-request.
+        _state["ended"] = True
         for rank in sorted(workers):
             observer = workers.pop(rank)
             if read_back and not failures:
@@ -139,53 +148,84 @@ def _close_at_exit() -> None:
 
 
 def _scheduler_observer(sched: Any) -> SchedulerObserver | None:
+    """The observer of one connector's scheduler, made on first use.
+
+    None once :func:`finish` ended this process's journals (until the next
+    :func:`install`: an engine still running after finish is no longer
+    observed, and must not start a journal mid-request), and None for good
+    if its journal could not be opened: an error of ours never reaches vLLM.
+    """
     observer = sched.__dict__.get("_kvstate_observer")
-    if observer is None and _connector is not None:
+    if observer is None and _connector is not None and not _state["ended"]:
         with _lock:
             observer = sched.__dict__.get("_kvstate_observer")
-            if observer is None:
-                config = sched.__dict__.get("_kvstate_config")
-                world = getattr(sched, "_num_workers", None) or _world_size(config)
-                recorder = _journals.open_journal(
-                    _journals.journal_dir(config),
-                    "scheduler",
-                    block_size=sched._block_size,
-                    world_size=world,
-                    engine=f"vllm {_connector.version} ({_connector.flavor})",
-                    run=_journals.run_name(config),
-                )
-                observer = SchedulerObserver(
-                    recorder,
-                    block_size=sched._block_size,
-                    world_size=world,
-                    numbering=_connector.flavor == "req-counters",
-                )
+            if observer is None and not _state["ended"]:
+                made: SchedulerObserver | None = _observe(lambda: _new_scheduler_observer(sched))
+                # False: tried and failed, not tried again on every call
+                observer = made if made is not None else False
                 sched.__dict__["_kvstate_observer"] = observer
-                schedulers.append(observer)
+                if made is not None:
+                    schedulers.append(made)
+    if not observer or observer.closed:
+        return None  # never made, or its journal was ended by finish()
     return observer
+
+
+def _new_scheduler_observer(sched: Any) -> SchedulerObserver:
+    config = sched.__dict__.get("_kvstate_config")
+    world = getattr(sched, "_num_workers", None) or _world_size(config)
+    connector = _installed()
+    recorder = _journals.open_journal(
+        _journals.journal_dir(config),
+        "scheduler",
+        block_size=sched._block_size,
+        world_size=world,
+        engine=f"vllm {connector.version} ({connector.flavor})",
+        run=_journals.run_name(config),
+    )
+    return SchedulerObserver(
+        recorder,
+        block_size=sched._block_size,
+        world_size=world,
+        numbering=connector.flavor == "req-counters",
+    )
 
 
 def _worker_observer(thread: Any) -> WorkerObserver | None:
+    """The observer of one rank of this process, made on first use (None as
+    for :func:`_scheduler_observer`)."""
     rank = int(getattr(thread, "tp_rank", 0))
     observer = workers.get(rank)
-    if observer is None and _connector is not None:
+    if observer is None and _connector is not None and not _state["ended"]:
         with _lock:
             observer = workers.get(rank)
-            if observer is None:
-                config = _worker_config.get("config")
-                recorder = _journals.open_journal(
-                    _journals.journal_dir(config),
-                    f"worker-{rank}",
-                    block_size=thread.block_size,
-                    world_size=_world_size(config),
-                    engine=f"vllm {_connector.version} ({_connector.flavor})",
-                    run=_journals.run_name(config),
-                )
-                observer = WorkerObserver(
-                    recorder, rank=rank, fingerprint=bool(_settings["fingerprint"])
-                )
-                workers[rank] = observer
+            if observer is None and not _state["ended"] and rank not in _unobservable:
+                observer = _observe(lambda: _new_worker_observer(thread, rank))
+                if observer is None:
+                    _unobservable.add(rank)
+                else:
+                    workers[rank] = observer
     return observer
+
+
+def _new_worker_observer(thread: Any, rank: int) -> WorkerObserver:
+    config = _worker_config.get("config")
+    connector = _installed()
+    recorder = _journals.open_journal(
+        _journals.journal_dir(config),
+        f"worker-{rank}",
+        block_size=thread.block_size,
+        world_size=_world_size(config),
+        engine=f"vllm {connector.version} ({connector.flavor})",
+        run=_journals.run_name(config),
+    )
+    return WorkerObserver(recorder, rank=rank, fingerprint=bool(_settings["fingerprint"]))
+
+
+def _installed() -> Connector:
+    if _connector is None:  # uninstall() raced the first call
+        raise RuntimeError("kvstate.vllm is not installed")
+    return _connector
 
 
 def _world_size(config: Any) -> int:

@@ -63,7 +63,8 @@ def run_name(vllm_config: Any = None) -> str:
 def open_journal(
     folder: Path, role: str, *, block_size: int, world_size: int, engine: str, run: str
 ) -> Recorder:
-    """A new journal ``folder/{role}-{pid}.db``; an existing file is never reused.
+    """A new journal ``folder/{role}-{pid}.db`` (``-2``, ``-3``, ... when a
+    connector of this process already wrote one); an existing file is never reused.
 
     Written by a writer process (:class:`journal.ProcessWriter`): vLLM's
     thread only encodes one blob per group commit and writes it to a pipe,
@@ -75,9 +76,17 @@ def open_journal(
     every commit it was handed and ends the journal with ``engine_crashed``.
     """
     folder.mkdir(parents=True, exist_ok=True)
+    # A process may build several connectors (vLLM's tests do; so does an
+    # engine restarted in-process): each gets a journal of its own.
     path = folder / f"{role}-{os.getpid()}.db"
-    if path.exists():
-        raise FileExistsError(f"{path}: a journal of this process and role already exists")
+    n = 1
+    while path.exists():
+        n += 1
+        path = folder / f"{role}-{os.getpid()}-{n}.db"
+    if n > 1:
+        # The n-th connector of this process (its scheduler and ranks all
+        # get the n-th journal of their role) is a run of its own.
+        run = f"{run}-{n}"
     scheduler = role == "scheduler"
     recorder = Recorder.open(
         path,

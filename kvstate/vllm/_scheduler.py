@@ -48,6 +48,8 @@ class SchedulerObserver:
         self.world_size = world_size
         self.block_size = block_size
         self.numbering = numbering
+        #: its journal was ended (finish()): the connector is observed no more
+        self.closed = False
         self.step = 0
         self.group = GroupCommit(recorder)
         self.gens: dict[str, int] = {}
@@ -250,6 +252,7 @@ class SchedulerObserver:
         self.group.step_ended()
 
     def close(self, *, idle: bool = True, error: str | None = None) -> None:
+        self.closed = True
         if error is not None:
             self._record(ev.EngineCrashed(error=error))
         elif idle:

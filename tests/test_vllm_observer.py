@@ -1,0 +1,92 @@
+"""The vLLM observer never breaks vLLM: how observers are made, in this
+process, without vLLM (a stub stands for the installed connector).
+
+vLLM's own scheduler tests build many connectors in one process; an engine
+restarted in-process builds a second; a watchdog may end the journals while
+the engine goes on. None of these may raise into vLLM or start a journal in
+the middle of a request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kvstate.vllm import _install, _journals
+from kvstate.vllm._compat import Connector
+from replay.runs import run_of
+
+
+@pytest.fixture
+def observed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """kvstate.vllm as if installed (journals in a fresh folder), reset afterwards."""
+    folder = tmp_path / "journals"
+    monkeypatch.setattr(_install, "_connector", Connector("0.32.0", "store-jobs", {}))
+    monkeypatch.setattr(_journals, "chosen_dir", folder)
+    monkeypatch.setitem(_install._state, "ended", False)
+    monkeypatch.setattr(_install, "failures", [])
+    monkeypatch.setattr(_install, "schedulers", [])
+    monkeypatch.setattr(_install, "workers", {})
+    monkeypatch.setattr(_install, "_unobservable", set())
+    yield folder
+    _install.finish()
+
+
+def scheduler() -> SimpleNamespace:
+    """What the observer reads of a MooncakeStoreScheduler built by object.__new__."""
+    return SimpleNamespace(_block_size=16, _num_workers=1)
+
+
+def test_every_connector_of_a_process_gets_a_journal_of_its_own(observed: Path) -> None:
+    first, second = scheduler(), scheduler()
+    one = _install._scheduler_observer(first)
+    two = _install._scheduler_observer(second)
+    assert one is not None and two is not None and one is not two
+    assert _install._scheduler_observer(first) is one  # made once per connector
+    _install.finish()
+    names = sorted(p.name for p in observed.glob("*.db"))
+    assert len(names) == 2 and all(n.startswith("scheduler-") for n in names)
+    assert sum(n.endswith("-2.db") for n in names) == 1
+    runs = {run_of(str(observed / n)) for n in names}
+    assert len(runs) == 2  # two connectors: two runs, never merged as copies
+    assert _install.failures == []
+
+
+def test_a_journal_that_cannot_be_opened_never_reaches_vllm(
+    observed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    observed.parent.mkdir(exist_ok=True)
+    observed.write_text("a file where the journal folder should be")
+    sched = scheduler()
+    assert _install._scheduler_observer(sched) is None  # no exception
+    assert _install._scheduler_observer(sched) is None  # and not tried on every call
+    assert len(_install.failures) == 1 and "journals" in _install.failures[0]
+    thread = SimpleNamespace(tp_rank=0, block_size=16)
+    assert _install._worker_observer(thread) is None
+    assert _install._worker_observer(thread) is None
+    assert len(_install.failures) == 2
+
+
+def test_after_finish_a_running_engine_is_not_observed_until_installed_again(
+    observed: Path,
+) -> None:
+    """A watchdog's finish() ended the journals while vLLM goes on: the next
+    call of a rank made a second journal of the process and role, which
+    raised FileExistsError into vLLM and killed the engine (its Mooncake
+    segment, and the keys in it, with it). Now nothing is observed after
+    finish(), and no journal starts mid-request."""
+    sched = scheduler()
+    thread = SimpleNamespace(tp_rank=0, block_size=16)
+    assert _install._scheduler_observer(sched) is not None
+    assert _install._worker_observer(thread) is not None
+    _install.finish(error="watchdog: no progress")
+    assert _install._scheduler_observer(sched) is None
+    assert _install._worker_observer(thread) is None
+    assert _install._scheduler_observer(scheduler()) is None
+    assert len(list(observed.glob("*.db"))) == 2 and _install.failures == []
+    _install._state["ended"] = False  # what install() does
+    assert _install._worker_observer(thread) is not None  # a new journal, for a new run
+    assert len(list(observed.glob("worker-*.db"))) == 2
