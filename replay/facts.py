@@ -128,24 +128,17 @@ def _rows(run: str, paths: Sequence[str], poisoned_jobs: set[int]) -> Iterator[d
                 "ok": event.ok,
                 "digest": None if event.actual is None else str(event.actual),
             }
-        elif isinstance(event, ev.LoadVerified):
-            yield {
-                **where,
-                "fact": "key_loaded",
-                "key": event.key,
-                "job": event.job,
-                "req": event.req,
-                "gen": event.gen,
-                "ok": event.ok,
-            }
-        elif isinstance(event, ev.KeyLoaded):
+        elif isinstance(event, (ev.LoadVerified, ev.KeyLoaded)):
+            # Judged by the loader (``ok``), or another engine's key (``digest``).
             yield {
                 **where,
                 "fact": "key_loaded",
                 "key": event.key,
                 "req": event.req,
                 "gen": event.gen,
-                "digest": event.digest,
+                "job": getattr(event, "job", None),
+                "ok": getattr(event, "ok", None),
+                "digest": getattr(event, "digest", None),
             }
         elif isinstance(
             event, (ev.RequestAdmitted, ev.RequestResumed, ev.RequestPreempted, ev.RequestFinished)

@@ -23,11 +23,10 @@ from replay.sources import entries
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="session")
-def vllm_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, str]:
-    out = tmp_path_factory.mktemp("vllm-demo")
+def _vllm_demo(out: Path, *extra: str) -> tuple[int, Path, str]:
+    """``kvstate vllm-demo`` into ``out``: its status, ``out`` and its output."""
     done = subprocess.run(
-        [sys.executable, "-m", "replay", "vllm-demo", "--out", str(out), "--force"],
+        [sys.executable, "-m", "replay", "vllm-demo", "--out", str(out), "--force", *extra],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -35,6 +34,11 @@ def vllm_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, str]
         check=False,
     )
     return done.returncode, out, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="session")
+def vllm_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, str]:
+    return _vllm_demo(tmp_path_factory.mktemp("vllm-demo"))
 
 
 def _summary(out: Path) -> dict[str, dict]:
@@ -330,16 +334,7 @@ def test_profiled_run_splits_the_engine_threads_cpu() -> None:
 
 @pytest.fixture(scope="session")
 def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, str]:
-    out = tmp_path_factory.mktemp("vllm-fleet")
-    done = subprocess.run(
-        [sys.executable, "-m", "replay", "vllm-demo", "--fleet", "--out", str(out), "--force"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=3600,
-        check=False,
-    )
-    return done.returncode, out, done.stdout + done.stderr
+    return _vllm_demo(tmp_path_factory.mktemp("vllm-fleet"), "--fleet")
 
 
 @pytest.mark.vllm

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from rich.table import Table
 from rich.text import Text
@@ -28,6 +28,8 @@ from .._common import (
 
 if TYPE_CHECKING:
     from kvstate.harness.vllm.demo import Workload
+
+T = TypeVar("T")
 
 RELEASES = ("0.27.1", "0.32.0")
 #: --fleet's default: half the demo's, so the fleet (a reference and two
@@ -93,9 +95,7 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Both releases, side by side."""
-    from kvstate.harness.live.master import MasterError
-    from kvstate.harness.vllm.demo import NAMES, DemoError, Workload
-    from kvstate.harness.vllm.venvs import VenvError
+    from kvstate.harness.vllm.demo import NAMES, Workload
 
     from ._vllm_runs import run_demo
 
@@ -128,16 +128,11 @@ def run(args: argparse.Namespace) -> int:
     root = Path(__file__).resolve().parents[3]  # replay/cli/harness/ -> the checkout
     if args.fleet:
         return _fleet(root, Path(args.out), workload, args.force, say)
-    try:
-        with terminations_interrupt():
-            runs = run_demo(root, Path(args.out), workload, releases, force=args.force, say=say)
-    except KeyboardInterrupt as exc:
-        return interrupted_status(exc)
-    except (DemoError, VenvError, MasterError) as exc:
-        print(f"kvstate: error: {exc}", file=sys.stderr)
-        return EXIT_UNUSABLE
-    except (JournalError, OSError) as exc:
-        return unusable(exc, as_json=False)
+    runs, status = _guarded(
+        lambda: run_demo(root, Path(args.out), workload, releases, force=args.force, say=say)
+    )
+    if runs is None:
+        return status
 
     table = Table(box=None, pad_edge=False)
     table.add_column("")
@@ -199,6 +194,25 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_CLEAN if expected else EXIT_VIOLATIONS
 
 
+def _guarded(call: Callable[[], T]) -> tuple[T | None, int]:
+    """Run the engines; on what a run can meet (Ctrl-C, a demo, venv or
+    master error, unusable output) None and the exit status, the error said."""
+    from kvstate.harness.live.master import MasterError
+    from kvstate.harness.vllm.demo import DemoError
+    from kvstate.harness.vllm.venvs import VenvError
+
+    try:
+        with terminations_interrupt():
+            return call(), EXIT_CLEAN
+    except KeyboardInterrupt as exc:
+        return None, interrupted_status(exc)
+    except (DemoError, VenvError, MasterError) as exc:
+        print(f"kvstate: error: {exc}", file=sys.stderr)
+        return None, EXIT_UNUSABLE
+    except (JournalError, OSError) as exc:
+        return None, unusable(exc, as_json=False)
+
+
 def _fleet(
     root: Path, out: Path, workload: Workload, force: bool, say: Callable[[str], None]
 ) -> int:
@@ -207,23 +221,12 @@ def _fleet(
     Exit 0 when A's journal is flagged, B's is clean of its own bugs, and
     every wrong output of B is traced to a put in A's journal.
     """
-    from kvstate.harness.live.master import MasterError
-    from kvstate.harness.vllm.demo import DemoError
-    from kvstate.harness.vllm.venvs import VenvError
-
     from ._vllm_fleet import ENGINES, run_fleet
 
     console = report_console()
-    try:
-        with terminations_interrupt():
-            fleet = run_fleet(root, out, workload, force=force, say=say)
-    except KeyboardInterrupt as exc:
-        return interrupted_status(exc)
-    except (DemoError, VenvError, MasterError) as exc:
-        print(f"kvstate: error: {exc}", file=sys.stderr)
-        return EXIT_UNUSABLE
-    except (JournalError, OSError) as exc:
-        return unusable(exc, as_json=False)
+    fleet, status = _guarded(lambda: run_fleet(root, out, workload, force=force, say=say))
+    if fleet is None:
+        return status
     table = Table(box=None, pad_edge=False)
     table.add_column("")
     for engine, (release, _) in ENGINES.items():
