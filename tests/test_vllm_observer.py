@@ -90,3 +90,62 @@ def test_after_finish_a_running_engine_is_not_observed_until_installed_again(
     _install._state["ended"] = False  # what install() does
     assert _install._worker_observer(thread) is not None  # a new journal, for a new run
     assert len(list(observed.glob("worker-*.db"))) == 2
+
+
+def _output(**fields: object) -> SimpleNamespace:
+    """A SchedulerOutput with nothing scheduled, as vLLM's unit tests build one."""
+    base: dict[str, object] = {
+        "preempted_req_ids": set(),
+        "scheduled_new_reqs": [],
+        "scheduled_cached_reqs": SimpleNamespace(
+            req_ids=[], new_block_ids=[], num_computed_tokens=[], resumed_req_ids=set()
+        ),
+    }
+    return SimpleNamespace(**{**base, **fields})
+
+
+def test_a_journal_that_meets_lifecycles_in_flight_says_so_and_claims_nothing() -> None:
+    """vLLM's scheduler tests build a connector and call single methods with
+    requests and jobs that began before it existed; an observer installed
+    in a running engine meets the same. The journal records none of what it
+    cannot place (no CAUSALITY, no LEAKED_PIN about a lifecycle it never saw
+    begin) and ends without engine_idle, so replay says UNFINISHED."""
+    from kvstate import Recorder
+    from kvstate.vllm._scheduler import SchedulerObserver
+    from replay.engine import fold_located
+    from replay.sources import Located
+
+    rec = Recorder.in_memory(block_size=16, world_size=1)
+    observer = SchedulerObserver(rec, block_size=16, world_size=1, numbering=False)
+    running = _output(
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=["req-0"],
+            new_block_ids=[([7],)],
+            num_computed_tokens=[48],
+            resumed_req_ids=set(),
+        ),
+        preempted_req_ids={"req-1"},
+    )
+    observer.after_build(
+        SimpleNamespace(), running, SimpleNamespace(requests=[]), {"saved": {}, "local": {}}
+    )
+    observer.completions({5: 1}, {5: [3, 4]})  # a job enqueued before the observer
+    observer.close()
+    entries = rec.entries or []
+    assert [e.event.kind for e in entries] == ["journal_opened"]  # nothing it cannot place
+    items = (Located(e, "j", e.seq, None) for e in entries)
+    _ledger, _n, violations, warnings = fold_located(items)
+    assert violations == [] and [w.code.value for w in warnings] == ["UNFINISHED"]
+
+
+def test_a_journal_that_saw_every_lifecycle_begin_ends_idle() -> None:
+    from kvstate import Recorder
+    from kvstate.vllm._scheduler import SchedulerObserver
+
+    rec = Recorder.in_memory(block_size=16, world_size=1)
+    observer = SchedulerObserver(rec, block_size=16, world_size=1, numbering=False)
+    observer.after_build(
+        SimpleNamespace(), _output(), SimpleNamespace(requests=[]), {"saved": {}, "local": {}}
+    )
+    observer.close()
+    assert [e.event.kind for e in rec.entries or []][-1] == "engine_idle"

@@ -59,6 +59,14 @@ class SchedulerObserver:
         #: requests whose finish held their blocks (before #52372)
         self.holding: dict[str, int] = {}
         self.next_job = 0
+        #: jobs this journal enqueued whose pins vLLM still holds (store-job flavor)
+        self.jobs: set[int] = set()
+        #: lifecycles met in flight: requests and jobs that began before this
+        #: observer existed (vLLM's unit tests, an install() in a running
+        #: engine). Nothing is recorded about them, and the journal then ends
+        #: without engine_idle: replay says UNFINISHED, never a violation the
+        #: run did not contain.
+        self.met_in_flight = 0
 
     def _record(self, event: ev.Event) -> None:
         self.recorder.record(event, self.step)
@@ -81,7 +89,10 @@ class SchedulerObserver:
         preempted = {}
         for req in sorted(out.preempted_req_ids or ()):
             gen = self.gens.get(req)
-            if gen is None or req in self.finished:
+            if gen is None:
+                self.met_in_flight += 1
+                continue
+            if req in self.finished:
                 continue
             self._record(ev.RequestPreempted(req=req, gen=gen))
             preempted[req] = gen
@@ -117,6 +128,7 @@ class SchedulerObserver:
                 continue
             req = cached_reqs.req_ids[i]
             if req not in self.gens:
+                self.met_in_flight += 1
                 continue
             table = _table(new_ids)
             if req in resumed:
@@ -163,13 +175,17 @@ class SchedulerObserver:
             self._admit_waiting(sched, req_meta, spec)
         gen = self.gens.get(req)
         req_meta._kvstate_gen = gen
-        if not req_meta.can_save or gen is None:
+        if not req_meta.can_save:
+            return
+        if gen is None:
+            self.met_in_flight += 1
             return
         if self.numbering:
             job = self.next_job
             self.next_job += 1
         else:
             job = req_meta.store_job_id
+            self.jobs.add(job)
         req_meta._kvstate_job = job
         bs = self.block_size
         start = 0 if req in restarted else before["saved"].get(req, 0)
@@ -243,8 +259,14 @@ class SchedulerObserver:
     def completions(self, completed: dict[int, int], released: dict[int, list[int]]) -> None:
         """After #52372: reports summed over ranks, then the pins vLLM freed (tail first)."""
         for job, count in sorted(completed.items()):
+            if job not in self.jobs:
+                self.met_in_flight += 1  # enqueued before this journal began
+                continue
             self._record(ev.CompletionsReceived(job=job, count=count))
         for job, blocks in released.items():
+            if job not in self.jobs:
+                continue
+            self.jobs.discard(job)
             self._record(ev.PinsReleased(job=job, blocks=tuple(reversed(blocks))))
 
     def commit(self) -> None:
@@ -255,6 +277,6 @@ class SchedulerObserver:
         self.closed = True
         if error is not None:
             self._record(ev.EngineCrashed(error=error))
-        elif idle:
+        elif idle and not self.met_in_flight:
             self._record(ev.EngineIdle())
         self.recorder.close()
