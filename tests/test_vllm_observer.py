@@ -149,3 +149,82 @@ def test_a_journal_that_saw_every_lifecycle_begin_ends_idle() -> None:
     )
     observer.close()
     assert [e.event.kind for e in rec.entries or []][-1] == "engine_idle"
+
+
+def _admitting(req: str, blocks: list[int]) -> SimpleNamespace:
+    new = SimpleNamespace(
+        req_id=req, block_ids=(blocks,), num_computed_tokens=0, prompt_token_ids=[1] * 32
+    )
+    return _output(scheduled_new_reqs=[new])
+
+
+def _save(req: str, job: int, blocks: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(
+        req_id=req,
+        load_spec=None,
+        can_save=True,
+        store_job_id=job,
+        token_len_chunk=16 * len(blocks),
+        block_ids=(blocks,),
+        block_hashes=[bytes([i]) * 4 for i in range(len(blocks))],
+    )
+
+
+def _ends(observer_steps: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """Run a scheduler observer through ``observer_steps``, close it, replay the journal:
+    its kinds, its violation codes, its warning codes."""
+    from kvstate import Recorder
+    from kvstate.vllm._scheduler import SchedulerObserver
+    from replay.engine import fold_located
+    from replay.sources import Located
+
+    rec = Recorder.in_memory(block_size=16, world_size=1)
+    observer = SchedulerObserver(rec, block_size=16, world_size=1, numbering=False)
+    empty = {"saved": {}, "local": {}}
+    for step in observer_steps:
+        if step == "admit and save":
+            meta = SimpleNamespace(requests=[_save("req-0", 0, [3, 4])])
+            sched = SimpleNamespace(_pinned_saves={0: ([3, 4],)})
+            observer.after_build(sched, _admitting("req-0", [3, 4]), meta, empty)
+        elif step == "finish":
+            observer.request_finished(SimpleNamespace(request_id="req-0", status=""), False)
+        elif step == "complete":
+            observer.completions({0: 1}, {0: [3, 4]})
+    observer.close()
+    entries = rec.entries or []
+    items = (Located(e, "j", e.seq, None) for e in entries)
+    _ledger, _n, violations, warnings = fold_located(items)
+    return (
+        [e.event.kind for e in entries],
+        [v.code.value for v in violations],
+        [w.code.value for w in warnings],
+    )
+
+
+def test_engine_idle_is_claimed_only_when_every_admitted_request_finished() -> None:
+    """A unit test (or an engine stopped with work queued) ends while a request
+    runs: engine_idle would make replay judge its pins and reports as leaked.
+    The journal ends without it, UNFINISHED. A finished request whose pins
+    are still held at the end is the real leak, and is reported."""
+    kinds, violations, warnings = _ends(["admit and save"])
+    assert "job_enqueued" in kinds and kinds[-1] != "engine_idle"
+    assert violations == [] and warnings == ["UNFINISHED"]
+    kinds, violations, warnings = _ends(["admit and save", "finish"])
+    assert kinds[-1] == "engine_idle" and "LEAKED_PIN" in violations
+    kinds, violations, warnings = _ends(["admit and save", "finish", "complete"])
+    assert kinds[-1] == "engine_idle" and "LEAKED_PIN" not in violations
+
+
+def test_journals_after_finish_belong_to_a_new_run(observed: Path) -> None:
+    """A journal folder per test: the first journal of each folder has the same
+    file name, and must not share its run with the last folder's."""
+    assert _install._scheduler_observer(scheduler()) is not None
+    _install.finish()
+    _install._state["ended"] = False  # install() with a new folder
+    second = observed.parent / "second"
+    _journals.chosen_dir = second
+    assert _install._scheduler_observer(scheduler()) is not None
+    _install.finish()
+    (one,), (two,) = observed.glob("*.db"), second.glob("*.db")
+    assert one.name == two.name
+    assert run_of(str(one)) != run_of(str(two))

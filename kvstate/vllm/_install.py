@@ -128,6 +128,7 @@ def finish(*, audit: bool | None = None, error: str | None = None) -> dict[str, 
             error = f"kvstate observer failed: {failures[0]}"
         while schedulers:
             schedulers.pop().close(error=error)
+        _journals.new_fallback_run()
     return counts
 
 

@@ -40,8 +40,19 @@ def journal_dir(vllm_config: Any = None) -> Path:
 
 
 #: the run name when vLLM's config gives none: one per process (a worker in
-#: the engine's own process, the uniprocess executor, shares it)
-_fallback_run = uuid.uuid4().hex
+#: the engine's own process, the uniprocess executor, shares it), renewed by
+#: :func:`new_fallback_run` when finish() ends the process's journals
+_fallback = {"run": uuid.uuid4().hex}
+
+
+def new_fallback_run() -> None:
+    """Journals opened from now on belong to a new run.
+
+    Without it, a process that finishes and installs again (vLLM's unit tests
+    under a journal folder per test) would name every folder's journals one
+    run, and ``kvstate replay`` would merge unrelated tests into one fold.
+    """
+    _fallback["run"] = uuid.uuid4().hex
 
 
 def run_name(vllm_config: Any = None) -> str:
@@ -57,7 +68,7 @@ def run_name(vllm_config: Any = None) -> str:
     if named:
         return str(named)
     instance = getattr(vllm_config, "instance_id", "")
-    return f"vllm-{instance}" if instance else _fallback_run
+    return f"vllm-{instance}" if instance else _fallback["run"]
 
 
 def open_journal(

@@ -273,10 +273,24 @@ class SchedulerObserver:
         """A step boundary: commit in groups (see :mod:`kvstate.vllm._commit`)."""
         self.group.step_ended()
 
+    def running(self) -> set[str]:
+        """Requests this journal admitted that vLLM has not finished."""
+        return set(self.gens) - self.finished
+
     def close(self, *, idle: bool = True, error: str | None = None) -> None:
+        """End the journal; ``engine_idle`` only where the engine had no work left.
+
+        engine_idle claims quiescence, and replay then judges every pin and
+        report still outstanding. A journal ended while a request it admitted
+        is still running (a unit test that stops mid-lifecycle, an engine
+        stopped with work queued) or that met lifecycles begun before it
+        cannot claim that: it ends without engine_idle and replay says
+        UNFINISHED. A request that finished while its job's pins are still
+        held is the pre-fix leak, and stays a LEAKED_PIN.
+        """
         self.closed = True
         if error is not None:
             self._record(ev.EngineCrashed(error=error))
-        elif idle and not self.met_in_flight:
+        elif idle and not self.met_in_flight and not self.running():
             self._record(ev.EngineIdle())
         self.recorder.close()
