@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system-packages demo vllm-demo vllm-venvs test test-quick lint bench soak clean
+.PHONY: setup system-packages demo vllm-demo vllm-venvs vllm-unit-tests test test-quick lint bench soak clean
 
 setup: $(VENV)/.installed
 
@@ -37,6 +37,12 @@ vllm-demo: setup vllm-venvs
 vllm-venvs: setup
 	$(BIN)/python -m kvstate.harness.vllm.venvs
 
+# vLLM 0.32.0's own scheduler unit tests, from the release's source
+# distribution (pinned by SHA-256) into its venv; tests/test_vllm_upstream.py
+# runs them with and without the observer.
+vllm-unit-tests: vllm-venvs
+	$(BIN)/python -m kvstate.harness.vllm.upstream --fetch
+
 # ruff, mypy and the dead-code check first, so the last line CI prints is
 # pytest's summary. The
 # -O pass runs what depends on assertions being stripped: the invariants
@@ -44,7 +50,7 @@ vllm-venvs: setup
 # (a bare assert would vanish there). Then the whole suite, real vLLM included.
 O_TESTS := tests/test_violations.py tests/test_ledgers.py tests/test_stateful.py \
 	tests/test_misuse.py tests/test_events.py tests/test_bad_input.py
-test: setup vllm-venvs
+test: setup vllm-venvs vllm-unit-tests
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/vulture

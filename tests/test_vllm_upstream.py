@@ -1,0 +1,69 @@
+"""vLLM's own scheduler tests pass and fail alike with kvstate observing them.
+
+vLLM 0.32.0's ``tests/v1/kv_connector/unit/test_mooncake_store_scheduler.py``
+is taken from the release's source distribution (pinned by SHA-256, kept in
+the release's venv, never in this repository) and run three ways: plain,
+under one ``install()`` for the session, and installed per test. Before the
+observer made a journal per connector, the session run failed 41 of its 61
+tests with ``FileExistsError`` raised into vLLM's constructor, and the
+per-test run failed ``test_scheduler_only_tracks_token_ids_for_kv_events``
+(it builds two schedulers). Journals that started mid-lifecycle then claimed
+LEAKED_PIN, LEAKED_BLOCKS and MISSING_REPORT the tests did not contain.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvstate.harness.vllm import upstream
+from kvstate.violations import Code
+from replay.engine import replay
+from replay.runs import group
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict[str, str]], Path]:
+    out = tmp_path_factory.mktemp("vllm-unit")
+    return {mode: upstream.run(ROOT, mode, out / mode) for mode in upstream.MODES}, out
+
+
+@pytest.mark.vllm
+def test_the_releases_own_tests_end_alike_observed_or_not(
+    runs: tuple[dict[str, dict[str, str]], Path],
+) -> None:
+    got, _ = runs
+    plain = got["plain"]
+    assert "passed" in plain.values()
+    for mode in ("session", "per-test"):
+        differ = {t: (plain[t], got[mode].get(t)) for t in plain if got[mode].get(t) != plain[t]}
+        assert differ == {}, f"{mode}: {differ}"
+        assert set(got[mode]) == set(plain)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode", ["session", "per-test"])
+def test_journals_of_unit_tests_claim_no_violation(
+    runs: tuple[dict[str, dict[str, str]], Path], mode: str
+) -> None:
+    """A test that stops mid-lifecycle leaves a journal that says UNFINISHED, never a leak."""
+    _, out = runs
+    journals = group([str(out / mode)])
+    if mode == "session":
+        assert len(journals) > 1  # every connector of the process, a journal of its own
+    else:
+        # a test that builds two schedulers gets two journals in its folder
+        folders = [Path(paths[0]).parent for paths in journals.values()]
+        assert len(set(folders)) < len(folders)
+    unfinished = worked = 0
+    for run, paths in journals.items():
+        result = replay(paths)
+        assert result.violations == [], (run, [v.code for v in result.violations])
+        assert {w.code for w in result.warnings} <= {Code.UNFINISHED}, run
+        unfinished += result.unfinished
+        worked += bool(result.ledger.jobs)
+    # the tests did leave lifecycles open, and the observer did journal jobs
+    assert unfinished > 0 and worked > 0
