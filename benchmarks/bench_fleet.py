@@ -40,7 +40,8 @@ def make_fleet(folder: str, runs: int, requests: int) -> None:
     from kvstate.harness.sim.runtime import SimConfig
 
     config = SimConfig(requests=requests, blocks=32, seed=5)
-    simulate_fleet(config, folder, engines=runs, legacy_engines=1, shared_store=True)
+    # bulk: the fleet is the input, not what is measured; the same journals
+    simulate_fleet(config, folder, engines=runs, legacy_engines=1, shared_store=True, bulk=True)
 
 
 def measure(child: Any, runs: int, requests: int, workers: tuple[int, ...]) -> dict[str, Any]:

@@ -267,3 +267,23 @@ def test_a_run_that_loaded_another_engines_keys_says_so(
     assert main(["replay", path]) == 0
     out = capsys.readouterr().out
     assert "2 load(s) of keys another engine wrote" in out and "fleet-check" in out
+
+
+def test_a_bulk_fleet_is_the_same_journals_made_faster(fleet: Path, tmp_path: Path) -> None:
+    """Benchmarks make their fleets in bulk (a writer thread, no audit in the
+    writer): the records, their timestamps and hash chain must be the same."""
+    import sqlite3
+
+    folder = tmp_path / "journals"  # the fixture's folder name: the same run names
+    folder.mkdir()
+    config = SimConfig(requests=60, blocks=32, seed=5)
+    made = simulate_fleet(
+        config, str(folder), engines=3, legacy_engines=1, shared_store=True, bulk=True
+    )
+    assert len(made) == 3
+    for name in sorted(p.name for p in fleet.glob("*.db")):
+        rows = []
+        for path in (fleet / name, folder / name):
+            with sqlite3.connect(path) as db:
+                rows.append(db.execute("SELECT * FROM records ORDER BY seq").fetchall())
+        assert rows[0] == rows[1] and len(rows[0]) > 100, name

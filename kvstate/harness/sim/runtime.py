@@ -204,7 +204,12 @@ class Simulation:
         memory: BlockMemory | None = None,
         clock: Callable[[], int] | None = None,
         run: str | None = None,
+        bulk: bool = False,
     ) -> None:
+        """``bulk`` writes the journal from a writer thread without the
+        writer's audit, for runs made as inputs (benchmarks, fleets to check):
+        the same records, 3-4 times faster here, because no step waits for
+        another process's answer. Such a run is checked by replaying it."""
         self.config = config
         self.rng = random.Random(config.seed)
         self.virtual_ns = 0
@@ -236,6 +241,8 @@ class Simulation:
                 # Not kept: the summary folds the journal back from disk, so
                 # a run of any length holds what is live, not its history.
                 clock=clock or time.monotonic_ns,
+                process=not bulk,
+                audit="off" if bulk else "commit",
             )
         else:
             self.recorder = Recorder(header, keep=True, clock=clock or time.monotonic_ns)
