@@ -287,3 +287,31 @@ def test_a_bulk_fleet_is_the_same_journals_made_faster(fleet: Path, tmp_path: Pa
             with sqlite3.connect(path) as db:
                 rows.append(db.execute("SELECT * FROM records ORDER BY seq").fetchall())
         assert rows[0] == rows[1] and len(rows[0]) > 100, name
+
+
+def test_the_fleet_command_in_bulk_writes_the_same_journals(
+    fleet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    import kvstate.harness.sim.fleet as sim_fleet
+
+    asked: list[bool] = []
+
+    def spy(*args: object, **kwargs: object) -> object:
+        asked.append(bool(kwargs.get("bulk")))
+        return simulate_fleet(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sim_fleet, "simulate_fleet", spy)
+    folder = tmp_path / "journals"
+    argv = ["run", "--journal", str(folder), "--engines", "3", "--legacy-engines", "1"]
+    argv += ["--store", "shared", "--requests", "60", "--blocks", "32", "--seed", "5", "--bulk"]
+    assert main(argv) == 1  # the legacy engine's violations
+    assert asked == [True]
+    capsys.readouterr()
+    for name in ("engine-001.db", "engine-003.db"):
+        with sqlite3.connect(fleet / name) as a, sqlite3.connect(folder / name) as b:
+            query = (
+                "SELECT seq, kind, step, rank, ts, payload FROM records WHERE seq > 0 ORDER BY seq"
+            )
+            assert a.execute(query).fetchall() == b.execute(query).fetchall(), name

@@ -105,6 +105,12 @@ def add_parser(sub: Subparsers) -> None:
         metavar="K",
         help="the first K engines run the legacy connector (--legacy-bugs)",
     )
+    fleet.add_argument(
+        "--bulk",
+        action="store_true",
+        help="write each journal from a thread, without the writer's own audit: the same "
+        "records, about 4 times faster (each run is replayed afterwards all the same)",
+    )
     p.set_defaults(func=run)
 
 
@@ -228,6 +234,7 @@ def _fleet(args: argparse.Namespace, config: SimConfig) -> int:
         engines=args.engines,
         legacy_engines=args.legacy_engines,
         shared_store=args.store == "shared",
+        bulk=args.bulk,
     )
     console = report_console()
     emit(console, summary_table([summary for _, summary in done]))
