@@ -208,7 +208,7 @@ class Simulation:
     ) -> None:
         """``bulk`` writes the journal from a writer thread without the
         writer's audit, for runs made as inputs (benchmarks, fleets to check):
-        the same records, 3-4 times faster here, because no step waits for
+        the same records, about 3 times faster here, because no step waits for
         another process's answer. Such a run is checked by replaying it."""
         self.config = config
         self.rng = random.Random(config.seed)

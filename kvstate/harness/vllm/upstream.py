@@ -128,12 +128,13 @@ def _download(release: str, dest: Path) -> None:
 def _unpack(sdist: Path, prefix: str, dest: Path) -> None:
     """Only ``tests/``: the unit tests import vLLM from the venv, not from the sdist."""
     with tarfile.open(sdist) as tar:
+        packages = {
+            prefix + f"{p}/__init__.py" for p in ("tests", "tests/v1", "tests/v1/kv_connector")
+        }
         members = [
             m
             for m in tar.getmembers()
-            if m.name.startswith(prefix + UNIT + "/")
-            or m.name in {prefix + "tests/__init__.py", prefix + "tests/v1/__init__.py"}
-            or m.name == prefix + "tests/v1/kv_connector/__init__.py"
+            if m.name.startswith(prefix + UNIT + "/") or m.name in packages
         ]
         if not any(m.name == prefix + SCHEDULER_TESTS for m in members):
             raise UpstreamError(f"{sdist.name} holds no {SCHEDULER_TESTS}")
@@ -196,7 +197,7 @@ def outcomes(junit: Path) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     """Print the three runs' counts, and each test whose outcome differs; 1 if any does.
 
-    ``--fetch`` only fetches the tests (``make vllm-venvs``); a folder
+    ``--fetch`` only fetches the tests (``make vllm-unit-tests``); a folder
     argument (new) keeps the runs' journals there.
     """
     args = sys.argv[1:] if argv is None else argv

@@ -109,7 +109,7 @@ def add_parser(sub: Subparsers) -> None:
         "--bulk",
         action="store_true",
         help="write each journal from a thread, without the writer's own audit: the same "
-        "records, about 4 times faster (each run is replayed afterwards all the same)",
+        "records, about 3 times faster (each run is replayed afterwards all the same)",
     )
     p.set_defaults(func=run)
 
