@@ -15,9 +15,11 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
+
+import attrs
 
 from journal import JournalError
 
@@ -182,14 +184,62 @@ def connect(facts: Sequence[str]) -> Any:
     return con
 
 
-def cross_run(facts: Sequence[str]) -> list[dict[str, Any]]:
-    """Loads of keys poisoned in another run, with both runs' records named."""
+def iter_cross_run(facts: Sequence[str], batch: int = 10_000) -> Iterator[dict[str, Any]]:
+    """Loads of keys poisoned in another run, with both runs' records named,
+    in order, fetched ``batch`` rows at a time: a fleet's millions of rows
+    never sit in Python's memory at once."""
     if not facts:
-        return []
+        return
     con = connect(facts)
     try:
         cursor = con.execute(CROSS_RUN_SQL)
         names = [d[0] for d in cursor.description]
-        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        while rows := cursor.fetchmany(batch):
+            for row in rows:
+                yield dict(zip(names, row, strict=True))
     finally:
         con.close()
+
+
+def cross_run(facts: Sequence[str]) -> list[dict[str, Any]]:
+    """Every row of :func:`iter_cross_run`, in a list (a small fleet's)."""
+    return list(iter_cross_run(facts))
+
+
+@attrs.frozen
+class CrossRun:
+    """The cross-run join summed up in DuckDB: what a report prints."""
+
+    #: wrong loads of keys poisoned in another run
+    total: int
+    #: loaded run -> the runs that poisoned what it loaded -> wrong loads
+    sources: dict[str, dict[str, int]]
+    #: the first rows of :func:`iter_cross_run`, in its order
+    first: list[dict[str, Any]]
+
+
+def cross_run_summary(facts: Sequence[str], limit: int) -> CrossRun:
+    """The join's count per pair of runs, and its first ``limit`` rows.
+
+    Two queries, each folded inside DuckDB (a count, and an ORDER BY with a
+    LIMIT, which keeps only the top rows), so the report's memory does not
+    grow with the number of wrong loads, and DuckDB writes no temporary
+    table anywhere.
+    """
+    if not facts:
+        return CrossRun(0, {}, [])
+    con = connect(facts)
+    try:
+        pairs = con.execute(
+            f"SELECT loaded_run, written_run, count(*) FROM ({CROSS_RUN_SQL}) "
+            "GROUP BY loaded_run, written_run"
+        ).fetchall()
+        cursor = con.execute(f"{CROSS_RUN_SQL} LIMIT {int(limit)}")
+        names = [d[0] for d in cursor.description]
+        first = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    finally:
+        con.close()
+    sources: dict[str, dict[str, int]] = {}
+    for loaded, written, n in sorted(pairs):
+        sources.setdefault(loaded, {})[written] = n
+    return CrossRun(sum(n for _, _, n in pairs), sources, first)

@@ -14,7 +14,8 @@ from kvstate.harness.sim.fleet import simulate_fleet
 from kvstate.harness.sim.runtime import SimConfig
 from replay import replay
 from replay.cli import main
-from replay.fleet import check_runs, cross_run, facts_path
+from replay.cli._common import to_json
+from replay.fleet import check_runs, cross_run, cross_run_summary, facts_path
 from replay.runs import group
 
 
@@ -79,6 +80,40 @@ def test_one_worker_and_several_give_the_same_report(
         return {**report, "runs": [{**r, "facts": None} for r in report["runs"]]}
 
     assert without_facts_paths(one[1]) == without_facts_paths(two[1]) and one[0] == two[0]
+
+
+def test_the_report_sums_up_the_join_in_duckdb_and_json_streams_every_row(
+    fleet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fleet's wrong loads can be millions: the text report counts them in
+    DuckDB and fetches only --limit rows; --json writes them a row at a time.
+    Both must say exactly what the whole join in one list says."""
+    facts = tmp_path / "f"
+    check_runs(group([str(fleet)]), str(facts), workers=1)
+    files = sorted(str(f) for f in facts.iterdir())
+    rows = cross_run(files)
+    assert len(rows) > 3
+    summary = cross_run_summary(files, 3)
+    assert summary.total == len(rows) and summary.first == rows[:3]
+    pairs: dict[str, dict[str, int]] = {}
+    for row in rows:
+        into = pairs.setdefault(row["loaded_run"], {})
+        into[row["written_run"]] = into.get(row["written_run"], 0) + 1
+    assert summary.sources == pairs
+
+    status = main(["fleet-check", "--json", str(fleet), "--facts", str(facts)])
+    out = capsys.readouterr().out
+    report = json.loads(out)
+    assert status == 1 and report["cross_run"] == rows
+    assert out == to_json(report) + "\n"  # the same bytes as one json.dumps
+
+    status = main(["fleet-check", str(fleet), "--facts", str(facts), "--limit", "2"])
+    text = capsys.readouterr().out
+    assert status == 1
+    assert f"{len(rows)} wrong loads of keys poisoned in another run:" in text
+    assert f"... {len(rows) - 2} more" in text
+    for run, by in pairs.items():
+        assert f"{sum(by.values())} of its" in text.split(run + ":")[1].splitlines()[1]
 
 
 def test_own_stores_share_no_poison(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

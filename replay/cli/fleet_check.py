@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections import Counter
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from journal import JournalError
 
 if TYPE_CHECKING:
+    from .. import fleet
     from ..facts import RunVerdict
 
 from rich import box
@@ -80,46 +81,54 @@ def run(args: argparse.Namespace) -> int:
         verdicts = fleet.check_runs(
             grouped, _facts_dir(args), workers=args.workers, ray_address=ray_address(args)
         )
-        crossed = fleet.cross_run([v.facts for v in verdicts if v.facts])
+        facts = [v.facts for v in verdicts if v.facts]
+        if args.sql:
+            return _query(facts, args.sql, as_json=args.json)
+        # a fleet's wrong loads can be millions: counted in DuckDB, and the
+        # first --limit of them fetched (or, for --json, streamed)
+        crossed = fleet.cross_run_summary(facts, 0 if args.json else args.limit)
     except (JournalError, OSError) as exc:
         return unusable(exc, as_json=args.json)
-    if args.sql:
-        return _query([v.facts for v in verdicts if v.facts], args.sql, as_json=args.json)
     status = max((v.exit_status for v in verdicts), default=EXIT_CLEAN)
-    if crossed and status == EXIT_CLEAN:
+    if crossed.total and status == EXIT_CLEAN:
         status = EXIT_VIOLATIONS
     if args.json:
-        print(
-            to_json(
-                {
-                    "runs": [
-                        {
-                            "run": v.run,
-                            "paths": list(v.paths),
-                            "events": v.events,
-                            "verdict": v.verdict,
-                            "exit_status": v.exit_status,
-                            "codes": v.codes,
-                            "unfinished": v.unfinished,
-                            "facts": v.facts,
-                            "error": v.error,
-                        }
-                        for v in verdicts
-                    ],
-                    "cross_run": crossed,
-                }
-            )
-        )
+        _print_json(verdicts, fleet.iter_cross_run(facts))
         return status
-    _print(verdicts, crossed, args.limit)
+    _print(verdicts, crossed)
     return status
 
 
-def _print(verdicts: list[RunVerdict], crossed: list[dict[str, Any]], limit: int) -> None:
-    from_outside: Counter[str] = Counter(row["loaded_run"] for row in crossed)
-    sources: dict[str, set[str]] = {}
-    for row in crossed:
-        sources.setdefault(row["loaded_run"], set()).add(row["written_run"])
+def _print_json(verdicts: list[RunVerdict], crossed: Iterator[dict[str, Any]]) -> None:
+    """One JSON object, ``cross_run`` written a row at a time: the same bytes
+    as ``to_json`` of the whole object, without holding every row."""
+    head = to_json(
+        {
+            "runs": [
+                {
+                    "run": v.run,
+                    "paths": list(v.paths),
+                    "events": v.events,
+                    "verdict": v.verdict,
+                    "exit_status": v.exit_status,
+                    "codes": v.codes,
+                    "unfinished": v.unfinished,
+                    "facts": v.facts,
+                    "error": v.error,
+                }
+                for v in verdicts
+            ],
+            "cross_run": [],
+        }
+    )
+    out = sys.stdout
+    out.write(head[: -len("[]}")] + "[")
+    for n, row in enumerate(crossed):
+        out.write((", " if n else "") + to_json(row))
+    out.write("]}\n")
+
+
+def _print(verdicts: list[RunVerdict], crossed: fleet.CrossRun) -> None:
     print(f"{len(verdicts)} runs")
     for v in verdicts:
         if v.error:
@@ -131,17 +140,18 @@ def _print(verdicts: list[RunVerdict], crossed: list[dict[str, Any]], limit: int
             line += " [UNFINISHED: end-of-run checks not run]"
         print(line)
         wrong = v.codes.get("WRONG_KV_LOADED", 0)
-        if from_outside[v.run]:
-            names = ", ".join(sorted(sources[v.run]))
+        sources = crossed.sources.get(v.run, {})
+        if sources:
+            names = ", ".join(sorted(sources))
             print(
-                f"    {from_outside[v.run]} of its {wrong} WRONG_KV_LOADED loaded keys poisoned "
+                f"    {sum(sources.values())} of its {wrong} WRONG_KV_LOADED loaded keys poisoned "
                 f"in another run ({names}): the poison came from outside"
             )
-    if not crossed:
+    if not crossed.total:
         print("no run loaded wrong KV from a key another run poisoned")
         return
-    print(f"{len(crossed)} wrong loads of keys poisoned in another run:")
-    for row in crossed[:limit]:
+    print(f"{crossed.total} wrong loads of keys poisoned in another run:")
+    for row in crossed.first:
         read = (
             f", poisoned read {row['poisoned_read_file']}:{row['poisoned_read_seq']}"
             if row["poisoned_read_seq"] is not None
@@ -153,8 +163,8 @@ def _print(verdicts: list[RunVerdict], crossed: list[dict[str, Any]], limit: int
             f"written by job {row['written_job']} of req {row['written_req']} in "
             f"{row['written_run']} (enqueued {row['written_file']}:{row['written_seq']}{read})"
         )
-    if len(crossed) > limit:
-        print(f"  ... {len(crossed) - limit} more (--limit, or --json for all)")
+    if crossed.total > len(crossed.first):
+        print(f"  ... {crossed.total - len(crossed.first)} more (--limit, or --json for all)")
 
 
 def _query(facts: list[str], sql: str, *, as_json: bool) -> int:
