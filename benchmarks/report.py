@@ -70,13 +70,17 @@ def _fleet_lines(fleets: list[dict[str, Any]]) -> list[str]:
     hours = line["hours_one_worker"]
     lines += [
         "",
+        f"The fleet: {big['runs']:,} simulated engine runs of {big['requests']:,} requests, "
+        f"{big['journal_bytes'] / 1e9:.2f} GB of journals, as {big['stores']} shared-store "
+        f"fleets made in parallel in {big['make_seconds']:.0f} s (the input, not measured "
+        f"above). "
         f"The cross-run join over {big['runs']:,} runs' facts: {big['join']['seconds']:.2f} s, "
         f"{big['join']['peak_mb']:.0f} MB peak, {big['join']['rows']:,} wrong loads found. "
-        f"Extrapolated in a straight line, not measured: {line['records']:,} records take "
-        f"{hours:.1f} h on one worker; W workers at the second worker's efficiency "
-        f"({line['efficiency']:.2f}) take {hours:.1f} / ({line['efficiency']:.2f} W) h "
-        f"({hours / (16 * line['efficiency']):.2f} h on 16, "
-        f"{hours / (64 * line['efficiency']):.2f} h on 64).",
+        f"Measured: {line['records']:,} records take {hours:.2f} h on one worker. "
+        f"Extrapolated in a straight line, not measured: W workers at the second worker's "
+        f"efficiency ({line['efficiency']:.2f}) take {hours:.2f} / ({line['efficiency']:.2f} W) "
+        f"h ({hours * 60 / (16 * line['efficiency']):.1f} min on 16, "
+        f"{hours * 60 / (64 * line['efficiency']):.1f} min on 64).",
     ]
     return lines
 

@@ -80,17 +80,19 @@ class Sizes:
     legacy_requests: int  # the legacy journal (violations) for memory and the inspector
     running: tuple[int, ...]  # running requests per step, for the step overhead
     fleet_runs: int  # simulated engine runs the fleet row checks
+    fleet_requests: int  # requests each of them serves
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
         if quick:
-            return cls(200, (1_000, 5_000, 24_000), 100, (64, 256), 4)
+            return cls(200, (1_000, 5_000, 24_000), 100, (64, 256), 4, 60)
         return cls(
             20_000,
             (1_000, 10_000, 100_000, 1_000_000, 5_000_000),
             24_000,
             (64, 256, 1024, 4096),
-            1000,  # the fleet issue's 1,000 runs (records: what 60 requests each make)
+            1000,  # the fleet issue's 1,000 runs,
+            3000,  # of about 100,000 records each: 100 million in all
         )
 
 
@@ -447,9 +449,9 @@ def demo_row(requests: int, store: str) -> tuple[Row, Any]:
     return row, got
 
 
-def fleet_row(runs: int) -> tuple[Row, list[dict[str, Any]]]:
+def fleet_row(runs: int, requests: int) -> tuple[Row, list[dict[str, Any]]]:
     """``fleet-check`` of simulated engine runs (``benchmarks/bench_fleet.py``)."""
-    fleets = bench_fleet.fleets(_child, runs)
+    fleets = bench_fleet.measure(_child, runs, requests)
     rate, note = bench_fleet.summary(fleets)
     return Row("fleet-check, 2 workers", rate, "records/s", "-", None, None, note), fleets
 
@@ -494,7 +496,7 @@ def run(quick: bool) -> dict[str, Any]:
     rows.append(demo)
     vllm, vllm_run = vllm_row(quick)
     rows.append(vllm)
-    fleet, fleets = fleet_row(sizes.fleet_runs)
+    fleet, fleets = fleet_row(sizes.fleet_runs, sizes.fleet_requests)
     rows.append(fleet)
     rows += NOT_MEASURED
     return {

@@ -52,6 +52,7 @@ def test_quick_run_measures_every_row_against_its_target(tmp_path: Path) -> None
     assert isinstance(report["live_bytes_per_job_spilled"], float) and "SpillArchive" in table
     # The fleet: 1 and 2 workers over the same runs, the join finding the poison.
     small, big = report["fleets"]
+    assert big["requests"] == 60 and big["stores"] == 2 and big["make_seconds"] > 0
     assert small["runs"] < big["runs"] and small["points"][0]["worker_peak_mb"] > 0
     assert [p["workers"] for p in big["points"]] == [1, 2]
     assert big["points"][0]["records"] == big["points"][1]["records"] > 0
