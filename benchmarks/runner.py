@@ -127,7 +127,10 @@ def _child(code: str, *args: str, timeout: float = 3600) -> dict[str, Any]:
     )
     lines = done.stdout.strip().splitlines()
     if not lines or not lines[-1].startswith("{"):
-        raise RuntimeError(f"benchmark child failed ({done.returncode}): {done.stderr[-2000:]}")
+        raise RuntimeError(
+            f"benchmark child failed ({done.returncode}): {done.stderr[-2000:]}"
+            f"; its output ended {done.stdout[-500:]!r}"
+        )
     result: dict[str, Any] = json.loads(lines[-1])
     return result
 

@@ -15,7 +15,7 @@ from kvstate.harness.sim.runtime import SimConfig
 from replay import replay
 from replay.cli import main
 from replay.cli._common import to_json
-from replay.fleet import check_runs, cross_run, cross_run_summary, facts_path
+from replay.fleet import check_runs, connect, cross_run, cross_run_summary, facts_path
 from replay.runs import group
 
 
@@ -350,3 +350,14 @@ def test_the_fleet_command_in_bulk_writes_the_same_journals(
                 "SELECT seq, kind, step, rank, ts, payload FROM records WHERE seq > 0 ORDER BY seq"
             )
             assert a.execute(query).fetchall() == b.execute(query).fetchall(), name
+
+
+def test_duckdb_draws_no_progress_bar_into_the_output(fleet: Path, tmp_path: Path) -> None:
+    """A query over a fleet's facts runs for seconds, and DuckDB then draws a
+    progress bar on stdout, inside fleet-check's --json and --sql output."""
+    verdicts = check_runs(group([str(fleet)]), str(tmp_path / "f"), workers=1)
+    con = connect([v.facts for v in verdicts if v.facts])
+    try:
+        assert con.execute("SELECT current_setting('enable_progress_bar')").fetchone() == (False,)
+    finally:
+        con.close()
