@@ -6,11 +6,13 @@ gives the same journal byte for byte."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from kvstate.harness.sim.runtime import SimConfig, Simulation, simulate
+from replay import replay
 from replay.cli import main
 
 
@@ -100,3 +102,40 @@ def test_a_journaled_run_keeps_no_history_and_counts_what_replay_finds(tmp_path:
     found = Counter(v.code.value for v in replay([str(db)]).violations if not v.is_warning)
     assert summary.violations == dict(sorted(found.items())) and found["POISONED_READ"] > 0
     assert simulate(config).violations == summary.violations
+
+
+def test_ctrl_c_while_jobs_are_abandoned_leaves_no_job_to_report_after_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C can land while the run's end abandons its suspended jobs (in
+    the flush of one job's report); the jobs not yet closed must still
+    report before the journal closes. Left suspended, a job generator was
+    finalized by the garbage collector after ``close()``: its report hit the
+    closed journal and ``kvstate run`` printed a traceback after "interrupted"."""
+    journal = tmp_path / "run.db"
+    sim = Simulation(SimConfig(requests=400), journal=journal)
+    suspended = []
+
+    def interrupt_with_both_ranks_in_a_store_call(_summary: object) -> None:
+        if sum(gen is not None for gen, _at in sim._ranks_left) == sim.config.world_size:
+            suspended.extend(gen for gen, _at in sim._ranks_left)
+            real = sim.recorder.flush_before_raising
+
+            def interrupted_once() -> None:  # the first abandoned job's flush
+                monkeypatch.setattr(sim.recorder, "flush_before_raising", real)
+                raise KeyboardInterrupt
+
+            monkeypatch.setattr(sim.recorder, "flush_before_raising", interrupted_once)
+            raise RuntimeError("stop")  # a crash: the run's end abandons both jobs
+
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            sim.run(interrupt_with_both_ranks_in_a_store_call)
+        finally:
+            sim.close()
+    assert len(suspended) == 2
+    assert all(gen.gi_frame is None for gen in suspended)  # both ran to their end
+    assert replay([str(journal)]).unfinished
+    with sqlite3.connect(journal) as db:
+        kinds = [kind for (kind,) in db.execute("SELECT kind FROM records")]
+    assert kinds.count("job_started") and kinds.count("job_reported") >= kinds.count("job_started")

@@ -450,11 +450,25 @@ class Simulation:
             return self._virtual_steps(ranks, next_step, step_ns, stalled, progress)
         finally:
             # Jobs still suspended in a store call when the run ends (a crash,
-            # the step limit) are abandoned now, while the journal is open:
-            # each passes its finally and is reported, before any final record.
-            for gen, _at in self._ranks_left:
-                if gen is not None:
-                    gen.close()
+            # the step limit, Ctrl-C) are abandoned now, while the journal is
+            # open: each passes its finally and is reported, before any final record.
+            self._abandon_jobs()
+
+    def _abandon_jobs(self) -> None:
+        """Close each job still suspended in a store call; each reports as it closes.
+
+        A job is taken off the list as it is closed, so a close that raises
+        (Ctrl-C arriving while an earlier job's report is flushed) leaves the
+        others listed, and :meth:`close` abandons them before the journal
+        closes. A job generator left suspended would otherwise be finalized
+        by the garbage collector after the journal closed, its report refused
+        by the closed journal and printed as a traceback.
+        """
+        left = self._ranks_left
+        while left:
+            gen, _at = left.pop(0)
+            if gen is not None:
+                gen.close()
 
     def _virtual_steps(
         self,
@@ -654,7 +668,11 @@ class Simulation:
                 yield from_stored(seq, kind, step, rank, ts, payload, self.journal)
 
     def close(self) -> None:
-        self.recorder.close()
+        """Abandon any job a run left suspended (it reports now), then close the journal."""
+        try:
+            self._abandon_jobs()
+        finally:
+            self.recorder.close()
 
 
 def simulate(config: SimConfig, journal: str | None = None, **kwargs: Any) -> Summary:
