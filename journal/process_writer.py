@@ -37,9 +37,14 @@ T = TypeVar("T")
 
 #: writers still open, closed (so flushed) at interpreter exit
 _OPEN: weakref.WeakSet[ProcessWriter[Any]] = weakref.WeakSet()
-#: signals held back while a frame is written, so a handler that raises
-#: (a CLI turns SIGTERM into an exception) cannot cut a frame in two
-_HELD = {signal.SIGINT, signal.SIGTERM}
+#: signals held back while a batch is handed over, so a handler that raises
+#: (Ctrl-C; a CLI turns SIGTERM and SIGHUP into exceptions) cannot interrupt
+#: the write of a frame in this thread. With other threads in the process (a
+#: BLAS pool, an engine's own) a signal they take still raises here at the
+#: next call: the hand-over is ordered so that no such point loses a batch.
+_HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+#: most bytes taken from the answer pipe at once
+_READ_SIZE = 1 << 16
 
 
 @atexit.register
@@ -83,6 +88,8 @@ class ProcessWriter(Generic[T]):
         self._buffer: list[T] = []
         self._submitted = 0
         self._written = 0
+        #: answer bytes read but not yet acted on (an answer arrives in pieces)
+        self._inbox = bytearray()
         self._error: str | None = None
         self._closed = False
         self._process: subprocess.Popen[bytes] | None = None
@@ -165,18 +172,30 @@ class ProcessWriter(Generic[T]):
     # -- the pipe ----------------------------------------------------------------
 
     def _send(self, flags: int) -> int:
-        """Hand the current batch over as one frame; returns its ticket."""
+        """Hand the current batch over as one frame; returns its ticket.
+
+        A signal handler may raise at any call in here (see ``_HELD``). All
+        that can be interrupted, encoding included, happens while the batch
+        is still in the buffer, so an exception there leaves it for the next
+        commit. Then, with no call in between, the batch leaves the buffer
+        and its ticket is counted; the frame is written with the signals
+        held, and a blocking write to a pipe returns only when the whole
+        frame is in it. (Taking the batch first lost it to a Ctrl-C that
+        landed in the encoder: a gap in the journal's seqs.)
+        """
         with self._lock:
-            batch, self._buffer = self._buffer, []
+            batch = self._buffer
             if not batch and not flags:
                 return self._submitted
             process = self._process if self._process is not None else self._start()
             blob = self._encode(batch) if batch else b""
-            self._submitted += 1
-            ticket = self._submitted
+            ticket = self._submitted + 1
             frame = memoryview(FRAME.pack(ticket, len(blob), flags) + blob)
-            old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+            before = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # the caller's mask
             try:
+                signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+                self._buffer = []
+                self._submitted = ticket
                 while frame:
                     frame = frame[os.write(self._out, frame) :]
             except OSError as exc:
@@ -185,34 +204,51 @@ class ProcessWriter(Generic[T]):
                     f"(exit status {process.poll()}): {exc}"
                 ) from exc
             finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
             return ticket
 
     def _wait_for(self, ticket: int) -> None:
-        """Read answers until the writer has processed ``ticket``."""
+        """Read answers until the writer has processed ``ticket``.
+
+        Bytes are read as they come into :attr:`_inbox`, and an answer is
+        acted on only once it is there whole: a Ctrl-C between two reads
+        leaves a half-read answer for the next wait, where reading its rest
+        as a new header would lose the protocol for good.
+        """
         while self._written < ticket:
-            header = self._read(ANSWER.size)
-            written, error, report = ANSWER.unpack(header)
-            if error:
-                self._error = self._read(error).decode("utf-8", "replace")
-            if report:
-                data = self._read(report)
-                if self._on_report is not None:
-                    self._on_report(data)
-            self._written = max(self._written, written)
+            if not self._take_answer():
+                self._receive()
         if self._error is not None:
             raise JournalError(f"{self.path}: journal writer failed: {self._error}")
 
-    def _read(self, n: int) -> bytes:
-        parts = []
-        while n:
-            chunk = os.read(self._in, n)
-            if not chunk:
-                status = self._process.wait() if self._process is not None else None
-                raise JournalError(
-                    f"{self.path}: the journal writer process ended "
-                    f"(exit status {status}) before it answered"
-                )
-            parts.append(chunk)
-            n -= len(chunk)
-        return b"".join(parts)
+    def _take_answer(self) -> bool:
+        """Act on the first whole answer in the inbox; False if there is none yet."""
+        inbox = self._inbox
+        if len(inbox) < ANSWER.size:
+            return False
+        written, error, report = ANSWER.unpack_from(inbox)
+        end = ANSWER.size + error + report
+        if len(inbox) < end:
+            return False
+        message = bytes(inbox[ANSWER.size : ANSWER.size + error])
+        data = bytes(inbox[ANSWER.size + error : end])
+        # Taken off first: an interrupt after this drops one report (the
+        # journal and replay still have every record), never repeats it.
+        del inbox[:end]
+        self._written = max(self._written, written)
+        if error:
+            self._error = message.decode("utf-8", "replace")
+        if report and self._on_report is not None:
+            self._on_report(data)
+        return True
+
+    def _receive(self) -> None:
+        """Read what the writer has answered so far (blocking until something is there)."""
+        chunk = os.read(self._in, _READ_SIZE)
+        if not chunk:
+            status = self._process.wait() if self._process is not None else None
+            raise JournalError(
+                f"{self.path}: the journal writer process ended "
+                f"(exit status {status}) before it answered"
+            )
+        self._inbox += chunk

@@ -118,3 +118,78 @@ def _wait_until_gone(pid: int) -> None:
             return
         time.sleep(0.01)
     raise AssertionError(f"writer process {pid} outlived its engine")
+
+
+def _recorded(path: Path, events: list[ev.Event]) -> Recorder:
+    rec = Recorder.open(path, block_size=16, world_size=2, run="one")
+    for i, event in enumerate(events):
+        rec.record(event, i)
+    return rec
+
+
+def test_ctrl_c_in_the_encoder_leaves_the_batch_for_the_next_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal handler raises at whatever call the engine is in; Ctrl-C
+    landing as the batch is encoded must not lose it (it did: the batch had
+    left the buffer first, and the journal got a gap in its seqs)."""
+    path = tmp_path / "engine.db"
+    events = _events(20)
+    rec = _recorded(path, events[:30])
+    writer = rec.writer
+    assert isinstance(writer, ProcessWriter)
+    real = writer._encode
+
+    def interrupted(batch: list[Entry]) -> bytes:
+        real(batch)
+        monkeypatch.setattr(writer, "_encode", real)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer, "_encode", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rec.commit()
+    for i, event in enumerate(events[30:], start=30):
+        rec.record(event, i)
+    rec.close()
+    stored = _stored(path)
+    assert [e.seq for e in stored] == list(range(1, len(events) + 2))
+    assert [e.event for e in stored[1:]] == events
+
+
+def test_ctrl_c_between_two_reads_of_an_answer_keeps_the_protocol(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer can arrive in pieces; Ctrl-C after the first piece was read
+    must leave it for the next wait. Reading the rest as a new header (as
+    the engine did) lost the protocol: every later answer was misread."""
+    import journal.process_writer as pw
+
+    path = tmp_path / "engine.db"
+    events = _events(20)
+    rec = _recorded(path, events[:30])
+    rec.commit()  # the writer process is started
+    writer = rec.writer
+    assert isinstance(writer, ProcessWriter)
+    real_read = os.read
+    reads = 0
+
+    def in_pieces(fd: int, n: int) -> bytes:
+        nonlocal reads
+        if fd != writer._in:
+            return real_read(fd, n)
+        reads += 1
+        if reads == 2:  # Ctrl-C while waiting for the rest of an answer
+            raise KeyboardInterrupt
+        return real_read(fd, min(n, 5))
+
+    monkeypatch.setattr(pw.os, "read", in_pieces)
+    for i, event in enumerate(events[30:40], start=30):
+        rec.record(event, i)
+    with pytest.raises(KeyboardInterrupt):
+        rec.commit()
+    assert reads == 2 and len(writer._inbox) == 5  # the piece read is kept, not dropped
+    for i, event in enumerate(events[40:], start=40):
+        rec.record(event, i)
+        rec.commit()
+    rec.close()
+    assert [e.event for e in _stored(path)[1:]] == events
