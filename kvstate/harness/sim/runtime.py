@@ -577,8 +577,12 @@ class Simulation:
             raise
         finally:
             stop.set()
+            # No deadline: a thread still in a job after one would record its
+            # report into a journal the caller is about to close. Each store
+            # call returns (the simulator's stores never block), so a thread
+            # ends after its current job (abandon) or its inbox (stop).
             for thread in threads:
-                thread.join(timeout=10)
+                thread.join()
 
     def _progress(self, progress: Callable[[Summary], None] | None) -> None:
         self.summary.steps = self.engine.step
