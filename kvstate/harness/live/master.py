@@ -18,14 +18,27 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
 
 import attrs
 
+from kvstate.harness.vllm.progress import Stall
+
 
 class MasterError(RuntimeError):
     """The master could not be started or reached."""
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """A process's CPU ticks so far (user + system); None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
 
 
 @attrs.frozen
@@ -93,12 +106,13 @@ class MooncakeMaster:
         self,
         executable: str | None = None,
         *,
-        startup_timeout: float = 30.0,
+        stall_s: float = 30.0,
         log_path: str | None = None,
         extra_args: tuple[str, ...] = (),
     ) -> None:
         self.executable = executable or find_executable()
-        self.startup_timeout = startup_timeout
+        #: how long the master may stand still (no CPU used, no answer) while it starts
+        self.stall_s = stall_s
         self.log_path = log_path
         self.extra_args = extra_args
         self.process: subprocess.Popen[bytes] | None = None
@@ -132,13 +146,18 @@ class MooncakeMaster:
         finally:
             if not isinstance(log, int):
                 log.close()
-        deadline = time.monotonic() + self.startup_timeout
+        # Watched by its progress, not a deadline: on a loaded machine the
+        # master starts slowly but uses CPU; one that stands still never will.
+        process = self.process
+        stall = Stall(self.stall_s, _cpu_ticks(process.pid), time.monotonic())
         while not (_answers("127.0.0.1", metadata) and _answers("127.0.0.1", rpc)):
-            if self.process.poll() is not None:
-                raise MasterError(f"mooncake_master exited with status {self.process.returncode}")
-            if time.monotonic() > deadline:
+            if process.poll() is not None:
+                raise MasterError(f"mooncake_master exited with status {process.returncode}")
+            if stall.stalled(_cpu_ticks(process.pid), time.monotonic()):
                 self.stop()
-                raise MasterError(f"mooncake_master did not answer in {self.startup_timeout} s")
+                raise MasterError(
+                    f"mooncake_master did not answer and used no CPU for {self.stall_s:g} s"
+                )
             time.sleep(0.05)
         self.address = MasterAddress(f"http://127.0.0.1:{metadata}/metadata", f"127.0.0.1:{rpc}")
         return self.address
