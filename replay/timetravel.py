@@ -290,7 +290,9 @@ class TimeTravel:
         if not wait:
             return
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            # No deadline: the pass notices the stop within a few hundred
+            # records, and a thread still reading when the journal closes fails.
+            self._thread.join()
         self.records.close()
 
     # -- time travel -------------------------------------------------------------------

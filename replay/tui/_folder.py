@@ -63,7 +63,7 @@ class Folder:
             self._closing = True
             self._cond.notify()
         if wait:
-            self._thread.join(timeout=5)
+            self._thread.join()  # no deadline: a fold notices within a few hundred records
 
     def _interrupted(self) -> bool:
         return self._closing or self._wish is not None
