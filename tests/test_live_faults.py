@@ -19,7 +19,7 @@ import pytest
 from kvstate.harness.live.demo import run_policy
 from kvstate.harness.live.master import MooncakeMaster
 from kvstate.harness.sim.runtime import SimConfig
-from kvstate.harness.vllm.progress import Stall
+from kvstate.harness.vllm.progress import Stall, cpu_ticks
 from replay import replay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,16 +86,6 @@ def _records(path: Path) -> int:
         conn.close()
 
 
-def _cpu(pid: int) -> int | None:
-    """A process's CPU ticks (user + system), None once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[11]) + int(fields[12])
-
-
 def _until(
     done: Callable[[], bool], watched: Callable[[], object], what: str, stall_s: float
 ) -> None:
@@ -111,7 +101,7 @@ def _until(
 
 def _exit(process: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
     """``communicate()`` once the process exited, however long that takes while it works."""
-    _until(lambda: process.poll() is not None, lambda: _cpu(process.pid), "the exit", 60)
+    _until(lambda: process.poll() is not None, lambda: cpu_ticks(process.pid), "the exit", 60)
     return process.communicate()
 
 
@@ -140,7 +130,7 @@ def _wait(folder: Path, process: subprocess.Popen[bytes], stall_s: float) -> Non
         # wait until one holds more than its first steps' records.
         return longest() > 200
 
-    progress = lambda: (_cpu(process.pid), longest())  # noqa: E731
+    progress = lambda: (cpu_ticks(process.pid), longest())  # noqa: E731
     _until(grown, progress, "no journal grew", stall_s)
 
 
@@ -209,7 +199,7 @@ def test_a_signalled_demo_leaves_no_master_behind(tmp_path: Path, sig: int) -> N
     # stands still for 10 s.
     _until(
         lambda: not _alive(masters[0]),
-        lambda: _cpu(masters[0]),
+        lambda: cpu_ticks(masters[0]),
         "mooncake_master outlived the demo",
         10,
     )

@@ -18,27 +18,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
 
 import attrs
 
-from kvstate.harness.vllm.progress import Stall
+from kvstate.harness.vllm.progress import Stall, cpu_ticks
 
 
 class MasterError(RuntimeError):
     """The master could not be started or reached."""
-
-
-def _cpu_ticks(pid: int) -> int | None:
-    """A process's CPU ticks so far (user + system); None once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[11]) + int(fields[12])
 
 
 @attrs.frozen
@@ -149,11 +138,11 @@ class MooncakeMaster:
         # Watched by its progress, not a deadline: on a loaded machine the
         # master starts slowly but uses CPU; one that stands still never will.
         process = self.process
-        stall = Stall(self.stall_s, _cpu_ticks(process.pid), time.monotonic())
+        stall = Stall(self.stall_s, cpu_ticks(process.pid), time.monotonic())
         while not (_answers("127.0.0.1", metadata) and _answers("127.0.0.1", rpc)):
             if process.poll() is not None:
                 raise MasterError(f"mooncake_master exited with status {process.returncode}")
-            if stall.stalled(_cpu_ticks(process.pid), time.monotonic()):
+            if stall.stalled(cpu_ticks(process.pid), time.monotonic()):
                 self.stop()
                 raise MasterError(
                     f"mooncake_master did not answer and used no CPU for {self.stall_s:g} s"

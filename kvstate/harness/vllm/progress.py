@@ -77,6 +77,17 @@ class Stall:
         return now - self.since > self.stall_s
 
 
+def cpu_ticks(pid: int) -> int | None:
+    """A process's CPU ticks so far (user + system), a mark for :class:`Stall`
+    when the process says nothing of its own progress; None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
+
+
 class Watchdog(threading.Thread):
     """Calls ``on_stall`` once nothing moved for ``stall_s`` seconds after the
     engine was up (``progress.phase`` left ``starting``)."""
