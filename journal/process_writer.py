@@ -213,7 +213,9 @@ class ProcessWriter(Generic[T]):
         Bytes are read as they come into :attr:`_inbox`, and an answer is
         acted on only once it is there whole: a Ctrl-C between two reads
         leaves a half-read answer for the next wait, where reading its rest
-        as a new header would lose the protocol for good.
+        as a new header would lose the protocol for good. (A signal that
+        interrupts the read raises before it takes anything; only one landing
+        in the instant between the read's return and the append drops bytes.)
         """
         while self._written < ticket:
             if not self._take_answer():
