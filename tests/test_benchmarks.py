@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,3 +81,22 @@ def test_the_demo_bound_times_ledger_calls_and_puts_the_classes_back() -> None:
     assert got["ledger_calls"] > 100 and 0 < got["ledger_s"] < got["wall_s"]
     assert got["ratio_bound"] == 1 - got["share"] and 0 < got["share"] < 1
     assert "SchedulerLedger.begin_step" in got["slowest_calls"]
+
+
+def test_the_fleet_row_shrinks_its_runs_to_a_disk_that_cannot_hold_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fleet row asks for 1,000 runs of 3,000 requests; on a disk that
+    cannot hold them twice over it makes shorter runs (and says so in the row)."""
+    from benchmarks import bench_fleet
+
+    per_request = bench_fleet.RECORDS_PER_REQUEST * bench_fleet.BYTES_PER_RECORD
+    for free in (10**12, 10**9, 10**6, 1):
+        usage = types.SimpleNamespace(free=free)
+        monkeypatch.setattr(bench_fleet.shutil, "disk_usage", lambda _folder, u=usage: u)
+        got = bench_fleet.fitting(3000, 1000, str(tmp_path))
+        if 2 * 1000 * 3000 * per_request <= free:
+            assert got == 3000
+        else:
+            assert 1 <= got < 3000
+            assert got == 1 or 2 * 1000 * got * per_request <= free
