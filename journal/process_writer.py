@@ -85,6 +85,9 @@ class ProcessWriter(Generic[T]):
         self._synchronous = synchronous
         self._on_report = on_report
         self._lock = threading.Lock()
+        #: one reader of the answer pipe at a time (the engine's thread waits
+        #: for its step while a sending thread flushes before it raises)
+        self._reading = threading.Lock()
         self._buffer: list[T] = []
         self._submitted = 0
         self._written = 0
@@ -217,9 +220,10 @@ class ProcessWriter(Generic[T]):
         interrupts the read raises before it takes anything; only one landing
         in the instant between the read's return and the append drops bytes.)
         """
-        while self._written < ticket:
-            if not self._take_answer():
-                self._receive()
+        with self._reading:
+            while self._written < ticket:
+                if not self._take_answer():
+                    self._receive()
         if self._error is not None:
             raise JournalError(f"{self.path}: journal writer failed: {self._error}")
 

@@ -15,6 +15,7 @@ from journal import Journal, JournalError, ProcessWriter
 from kvstate import events as ev
 from kvstate.batches import ORPHANED, BatchCodec, encode_batch
 from kvstate.codec import Entry, from_stored
+from kvstate.harness.vllm.progress import Stall
 from kvstate.recorder import Recorder
 from replay.engine import replay
 
@@ -193,3 +194,41 @@ def test_ctrl_c_between_two_reads_of_an_answer_keeps_the_protocol(
         rec.commit()
     rec.close()
     assert [e.event for e in _stored(path)[1:]] == events
+
+
+def test_two_threads_waiting_for_their_commits_read_the_answers_in_turn(tmp_path: Path) -> None:
+    """The engine's thread waits for its step while a sending thread flushes
+    before it raises: two readers of one answer pipe must not split an answer."""
+    import threading
+
+    path = tmp_path / "engine.db"
+    rec = Recorder.open(path, block_size=16, world_size=2, run="one")
+    events = _events(200)
+    failures: list[BaseException] = []
+
+    def commit_each(mine: list[ev.Event]) -> None:
+        try:
+            for event in mine:
+                rec.record(event, 0)
+                rec.commit()
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [
+        threading.Thread(target=commit_each, args=(events[i::2],), daemon=True) for i in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    writer = rec.writer
+    assert isinstance(writer, ProcessWriter)
+    # Split answers leave a thread waiting for one that never comes: fail on
+    # no progress (the tickets answered), not on a deadline.
+    progress = lambda: (writer._written, writer._submitted)  # noqa: E731
+    stall = Stall(30, progress(), time.monotonic())
+    while any(thread.is_alive() for thread in threads):
+        if stall.stalled(progress(), time.monotonic()):
+            pytest.fail(f"a waiting thread stopped moving at {progress()}")
+        time.sleep(0.05)
+    rec.close()
+    assert failures == []
+    assert sorted(map(repr, (e.event for e in _stored(path)[1:]))) == sorted(map(repr, events))
