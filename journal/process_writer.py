@@ -236,12 +236,9 @@ class ProcessWriter(Generic[T]):
         end = ANSWER.size + error + report
         if len(inbox) < end:
             return False
-        if not (error or report):  # the usual answer: a ticket alone
-            del inbox[:end]
-            self._written = max(self._written, written)
-            return True
-        message = bytes(inbox[ANSWER.size : ANSWER.size + error])
-        data = bytes(inbox[ANSWER.size + error : end])
+        if error or report:  # copied out only when there is any (the usual answer is a ticket)
+            message = bytes(inbox[ANSWER.size : ANSWER.size + error])
+            data = bytes(inbox[ANSWER.size + error : end])
         # Taken off first: an interrupt after this drops one report (the
         # journal and replay still have every record), never repeats it.
         del inbox[:end]
