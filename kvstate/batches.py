@@ -116,7 +116,7 @@ class BatchCodec:
     def _event(self, kind: str, payload: bytes) -> Any:
         try:
             return self._decoders[kind](payload)
-        except (KeyError, msgspec.DecodeError):
+        except (KeyError, msgspec.DecodeError, RecursionError):
             # Kept as handed over; replay names this record's seq.
             return None
 
@@ -133,7 +133,7 @@ def _rank_of_payload(payload: bytes) -> int | None:
     """The rank a payload the decoder refused says it has, if it says one."""
     try:
         fields = msgspec.msgpack.decode(payload)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     rank = fields.get("rank") if type(fields) is dict else None
     return rank if type(rank) is int else None

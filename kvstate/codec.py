@@ -115,7 +115,9 @@ def from_stored(
     if decode is not None and step is not None and step >= 0:
         try:
             event = decode(payload)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
+            # RecursionError: nesting deeper than msgspec recurses (an
+            # ``extra`` value is Any); the general path below names the seq.
             pass
         else:
             if event.extra is None and (
@@ -126,6 +128,12 @@ def from_stored(
         fields = msgspec.msgpack.decode(payload)
     except msgspec.DecodeError as exc:
         raise RecordError(f"payload is not msgpack: {exc}", path=path, seq=seq) from exc
+    except RecursionError:
+        raise RecordError(
+            f"unusable value in the payload: values nested deeper than {values.MAX_DEPTH} levels",
+            path=path,
+            seq=seq,
+        ) from None
     if type(fields) is not dict:
         raise RecordError("payload is not a map", path=path, seq=seq)
     found = values.payload_problem(fields)

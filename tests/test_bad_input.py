@@ -118,7 +118,30 @@ def _not_utf8_kind(tmp: Path) -> Path:
     )
 
 
+def _deep_payload(key: bytes) -> Callable[[Path], Path]:
+    """A request_admitted whose msgpack payload nests 100,000 arrays deep
+    under ``key`` (msgspec's decoders raised RecursionError on it)."""
+
+    def make(tmp: Path) -> Path:
+        from journal import Journal
+
+        path = tmp / f"deep-{key.decode().replace(':', '-')}.db"
+        fields = {"req": "r", "gen": 0, "prompt_tokens": 8}
+        payload = msgpack.packb(fields)[1:]  # the three pairs, without their map header
+        deep = b"\x84" + payload + bytes([0xA0 | len(key)]) + key + b"\x91" * 100_000 + b"\x90"
+        header = {k: v for k, v in HEADER.items() if k not in ("seq", "kind", "step")}
+        with Journal(path) as journal:
+            journal.append(
+                [Record(1, "journal_opened", header, 0), Record(2, "request_admitted", deep, 0)]
+            )
+        return path
+
+    return make
+
+
 BAD_INPUTS: dict[str, Callable[[Path], Path]] = {
+    "msgpack nested 100000 deep": _deep_payload(b"x"),
+    "msgpack extra nested 100000 deep": _deep_payload(b"kvstate:extra"),
     "broken json": _write("broken.jsonl", lines("{oops")),
     "wrong type": _write("type.jsonl", lines(admit(n='"eight"'))),
     "unknown kind": _write("kind.jsonl", lines('{"seq":2,"kind":"teleported","step":0}')),
