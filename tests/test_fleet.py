@@ -361,3 +361,15 @@ def test_duckdb_draws_no_progress_bar_into_the_output(fleet: Path, tmp_path: Pat
         assert con.execute("SELECT current_setting('enable_progress_bar')").fetchone() == (False,)
     finally:
         con.close()
+
+
+@pytest.mark.parametrize("command", ["replay", "fleet-check"])
+def test_the_ray_switch_never_takes_the_path_for_an_address(command: str) -> None:
+    from replay.cli import build_parser
+    from replay.cli._common import ray_address
+
+    args = build_parser().parse_args([command, "--ray", "runs/"])
+    assert args.paths == ["runs/"] and ray_address(args) is None
+    args = build_parser().parse_args([command, "--ray-address", "ray://head:10001", "runs/"])
+    assert args.paths == ["runs/"] and ray_address(args) == "ray://head:10001"
+    assert ray_address(build_parser().parse_args([command, "runs/"])) is False

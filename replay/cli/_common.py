@@ -55,24 +55,33 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_worker_options(group: Any) -> None:
-    """``--workers`` and ``--ray``: where each run of a fleet is replayed."""
+    """``--workers``, ``--ray`` and ``--ray-address``: where each run of a fleet is replayed.
+
+    ``--ray`` is a plain switch: an optional value would take the journal's
+    path for a Ray address (``kvstate replay --ray DIR`` then asked for PATH).
+    """
     group.add_argument(
         "--workers", type=int, default=os.cpu_count() or 1, help="local worker processes"
     )
     group.add_argument(
         "--ray",
-        nargs="?",
-        const="",
-        metavar="ADDRESS",
-        help="each run as a Ray task: on the cluster at ADDRESS, or on a local Ray instance "
-        "started for the command (the optional extra kvstate[ray])",
+        action="store_true",
+        help="each run as a Ray task, on a local Ray instance started for the command "
+        "(the optional extra kvstate[ray])",
+    )
+    group.add_argument(
+        "--ray-address",
+        metavar="URL",
+        help="each run as a Ray task on the cluster at URL (implies --ray)",
     )
 
 
 def ray_address(args: argparse.Namespace) -> str | bool | None:
-    """``--ray`` as :func:`replay.fleet.map_runs` takes it: False (local workers),
-    None (a local Ray instance) or the cluster's address."""
-    return False if args.ray is None else (args.ray or None)
+    """``--ray`` / ``--ray-address`` as :func:`replay.fleet.map_runs` takes them:
+    False (local workers), None (a local Ray instance) or the cluster's address."""
+    if args.ray_address:
+        return str(args.ray_address)
+    return None if args.ray else False
 
 
 def unusable(exc: Exception, *, as_json: bool) -> int:
