@@ -10,8 +10,12 @@ with the same code.
 
 This package is the embeddable core: importing it loads no simulator, no
 torch and no terminal UI. Harness code lives in :mod:`kvstate.harness`. The
-top level is the embedder's face (``__all__``); every exception derives
-from :class:`KvstateError`.
+top level is the embedder's face (``__all__``). Every error kvstate raises
+on purpose, a misuse of the API, a breached invariant in strict mode or a
+vLLM the observer cannot patch, derives from :class:`KvstateError`; the
+journal's own errors (:class:`journal.JournalError`, and
+:class:`journal.RecordError` for unusable input) and the operating system's
+pass through as they are.
 """
 
 from .errors import KvstateError

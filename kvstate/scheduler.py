@@ -287,8 +287,7 @@ class SchedulerLedger:
         ``reads`` defaults to the blocks covering ``[0, token_end)`` plus the
         copy-on-write blocks.
 
-        Observation mode: a connector that numbers and pins its jobs itself
-        (vLLM's, journaled by :mod:`kvstate.vllm`) passes ``job`` and
+        A connector that numbers and pins its jobs itself passes ``job`` and
         ``pins`` as it chose them; the ledger records them as they are, so
         replay judges the connector's own decisions (an id that goes back is
         ``ID_REUSED``; no pins under a preemption is ``POISONED_READ``). A

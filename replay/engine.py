@@ -93,7 +93,7 @@ PROGRESS_EVERY = 16384
 def folding(items: Iterable[Located], ledger: Ledger) -> Iterator[tuple[Entry, list[Violation]]]:
     """Fold each record into ``ledger`` as it is read; yields it with its findings.
 
-    The one loop every reader that judges a journal shares (replay, export,
+    The loop of the readers that judge a whole journal (replay, export,
     ``inspect --once``): unusable input raises :class:`journal.RecordError`
     naming the file and line or seq it was read from.
     """

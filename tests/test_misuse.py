@@ -173,3 +173,16 @@ def test_every_code_has_its_exception_class() -> None:
         assert getattr(violations, cls.__name__) is cls and cls.code is code
         assert issubclass(cls, kvstate.KvstateError)
         assert cls.__module__ == "kvstate.violations" and cls.__doc__
+
+
+def test_every_error_kvstate_raises_on_purpose_is_a_kvstate_error() -> None:
+    """What ``kvstate/__init__.py`` promises: one base to catch, the refused
+    vLLM included (it was a bare RuntimeError)."""
+    from kvstate import KvstateError
+    from kvstate.errors import TemporaryStorageError
+    from kvstate.violations import InvariantViolation
+    from kvstate.vllm._compat import UnsupportedVLLMError
+
+    for cls in (LedgerUsageError, InvariantViolation, TemporaryStorageError, UnsupportedVLLMError):
+        assert issubclass(cls, KvstateError), cls
+    assert issubclass(UnsupportedVLLMError, RuntimeError)  # callers that caught RuntimeError

@@ -22,6 +22,8 @@ from typing import Any
 
 import attrs
 
+from ..errors import KvstateError
+
 STORE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store"
 #: the releases this observer was built and tested against
 TESTED = ("0.27.1", "0.32.0")
@@ -57,8 +59,11 @@ _FLAVORS = {
 }
 
 
-class UnsupportedVLLMError(RuntimeError):
-    """The installed vLLM lacks a hook the observer needs; nothing was patched."""
+class UnsupportedVLLMError(KvstateError, RuntimeError):
+    """The installed vLLM lacks a hook the observer needs; nothing was patched.
+
+    A :class:`~kvstate.errors.KvstateError` like every error kvstate raises
+    on purpose, and still a ``RuntimeError`` for callers that caught that."""
 
 
 @attrs.frozen
