@@ -13,3 +13,5 @@ ANSWER = struct.Struct("<QII")
 WAIT = 1
 #: flag: the last frame; the writer answers, finishes the journal and exits
 CLOSE = 2
+#: flag: answer only once the codec is done with this batch (its report is of it)
+SETTLE = 4

@@ -7,7 +7,9 @@ the engine process, turns a batch into rows with the application's codec
 ``rows(blob)``, ``committed()``, ``report()`` and ``orphaned(last_seq)``),
 appends it to the journal as one commit, tells the codec, and answers on
 standard output when the engine asked to wait, with the codec's report
-(kvstate's: what its audit of the committed records found).
+(kvstate's: what its audit of the committed records found). The codec's
+work on a batch runs after the answer, so the engine goes on meanwhile;
+a frame flagged ``SETTLE`` (or ``CLOSE``) is answered after it instead.
 
 It never outlives its parent: when standard input ends without the close
 frame (the engine was killed, or crashed in C), or the parent process is
@@ -27,7 +29,7 @@ import signal
 import sys
 from typing import Any
 
-from journal._frames import ANSWER, CLOSE, FRAME, WAIT
+from journal._frames import ANSWER, CLOSE, FRAME, SETTLE, WAIT
 from journal.database import Journal
 
 #: how often (seconds) an idle writer checks that its parent is still alive;
@@ -91,8 +93,10 @@ def serve(
                     error = f"{type(exc).__name__}: {exc}"
             written = ticket
             closed = bool(flags & CLOSE)
-            if closed and committed:
-                codec.committed()  # the last findings go with the last answer
+            if committed and flags & (CLOSE | SETTLE):
+                # the last findings go with the last answer; a settling
+                # engine waits for this batch's own
+                codec.committed()
                 committed = False
             if flags & (WAIT | CLOSE):
                 # The batch is durable: the engine goes on while the codec

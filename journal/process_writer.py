@@ -30,8 +30,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ._frames import ANSWER, CLOSE, FRAME, WAIT
+from ._frames import ANSWER, CLOSE, FRAME, SETTLE, WAIT
 from .errors import JournalError
+from .writing import Buffered
 
 T = TypeVar("T")
 
@@ -54,8 +55,9 @@ def _close_open_writers() -> None:
             writer.close()
 
 
-class ProcessWriter(Generic[T]):
-    """Buffers items and hands each batch to a writer process as one frame.
+class ProcessWriter(Buffered[T], Generic[T]):
+    """Buffers items and hands each batch to a writer process as one frame (a
+    :class:`journal.writing.Writer`).
 
     ``path`` is a journal that already exists (created with its schema);
     ``encode_batch`` turns a batch of items into bytes on the engine's
@@ -78,23 +80,21 @@ class ProcessWriter(Generic[T]):
         codec_arg: str | Callable[[], str] = "",
         on_report: Callable[[bytes], None] | None = None,
     ) -> None:
+        super().__init__()
         self.path = os.fspath(path)
         self._encode = encode_batch
         self._codec = codec
         self._codec_arg = codec_arg
         self._synchronous = synchronous
         self._on_report = on_report
-        self._lock = threading.Lock()
         #: one reader of the answer pipe at a time (the engine's thread waits
         #: for its step while a sending thread flushes before it raises)
         self._reading = threading.Lock()
-        self._buffer: list[T] = []
         self._submitted = 0
         self._written = 0
         #: answer bytes read but not yet acted on (an answer arrives in pieces)
         self._inbox = bytearray()
         self._error: str | None = None
-        self._closed = False
         self._process: subprocess.Popen[bytes] | None = None
         _OPEN.add(self)
 
@@ -126,33 +126,24 @@ class ProcessWriter(Generic[T]):
         """The writer process's id (None until the first commit starts it)."""
         return None if self._process is None else self._process.pid
 
-    def append(self, item: T) -> None:
-        """Add one item to the current batch (no I/O); refused once the writer is closed."""
-        if self._closed:
-            raise JournalError(f"{self.path}: the journal writer is closed")
-        with self._lock:
-            self._buffer.append(item)
-
-    def commit(self, *, wait: bool = True) -> None:
+    def commit(self, *, wait: bool = True, settle: bool = False) -> None:
         """End the current batch: it is written as one transaction.
 
         With ``wait`` (the default) this returns once the batch is committed
         at the journal's durability level, and raises if it could not be.
+        With ``settle`` the writer process answers only once its codec is
+        done with the batch too (``committed()``), so the answer carries the
+        codec's report of this very batch; otherwise that report comes with
+        the next answer, and the engine does not wait for the codec's work.
         """
         if self._closed:
-            raise JournalError(f"{self.path}: the journal writer is closed")
-        ticket = self._send(WAIT if wait else 0)
-        if wait:
+            raise self._closed_error()
+        ticket = self._send(WAIT | SETTLE if settle else WAIT if wait else 0)
+        if wait or settle:
             self._wait_for(ticket)
 
-    def flush(self) -> None:
-        """Commit and wait until everything handed over is in the journal."""
-        self.commit(wait=True)
-
-    def close(self) -> None:
-        """Flush, let the writer process finish the journal, and wait for it (idempotent)."""
-        if self._closed:
-            return
+    def _close(self) -> None:
+        """Flush, let the writer process finish the journal, and wait for it."""
         try:
             ticket = self._send(CLOSE)
             self._wait_for(ticket)
@@ -165,12 +156,6 @@ class ProcessWriter(Generic[T]):
                     with contextlib.suppress(OSError):
                         pipe.close()  # type: ignore[union-attr]
                 process.wait()
-
-    def __enter__(self) -> ProcessWriter[T]:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- the pipe ----------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar, cast
 from .database import Journal, NewRow
 from .errors import JournalError
 from .record import Record
+from .writing import Buffered
 
 T = TypeVar("T")
 _STOP = object()
@@ -47,8 +48,9 @@ def _flush_open_writers() -> None:
             writer.flush()
 
 
-class JournalWriter(Generic[T]):
-    """Buffers items and writes them to a :class:`Journal` in batches.
+class JournalWriter(Buffered[T], Generic[T]):
+    """Buffers items and writes them to a :class:`Journal` in batches (a
+    :class:`journal.writing.Writer`).
 
     ``after_write`` is called with each batch once it is written, on the
     thread that wrote it (an application's audit of what it committed).
@@ -70,12 +72,12 @@ class JournalWriter(Generic[T]):
         background: bool = True,
         after_write: Callable[[list[T]], None] | None = None,
     ) -> None:
+        super().__init__()
         self.journal = journal
+        self.path = journal.path
         self._encode = encode
         #: called with each batch once it is written, on the thread that wrote it
         self._after_write = after_write
-        self._lock = threading.Lock()
-        self._buffer: list[T] = []
         self._error: BaseException | None = None
         self.unwritten: list[list[T]] = []
         self._queue: queue.SimpleQueue[object] | None = None
@@ -93,29 +95,25 @@ class JournalWriter(Generic[T]):
         # caller's thread takes here is a C lock, released by its `with`.
         self._waiting: list[threading.Lock] = []
         self._waiting_lock = threading.Lock()
-        self._closed = False
         if background:
             self._queue = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
             self._thread.start()
         _OPEN.add(self)
 
-    def append(self, item: T) -> None:
-        """Add one item to the current batch (no I/O); refused once the writer is closed."""
-        if self._closed:
-            raise JournalError(f"{self.journal.path}: the journal writer is closed")
-        with self._lock:
-            self._buffer.append(item)
-
-    def commit(self, *, wait: bool = True) -> None:
+    def commit(self, *, wait: bool = True, settle: bool = False) -> None:
         """End the current batch: it is written as one transaction.
 
         With ``wait`` (the default) this returns once the batch is on disk at
         the journal's durability level, and raises if it could not be written.
+        ``settle`` asks for ``after_write`` to be done with it as well, which
+        a waiting commit always is: the writer publishes a batch's ticket
+        only after its ``after_write`` returned.
         """
         self._raise_if_failed()
         if self._closed:
-            raise JournalError(f"{self.journal.path}: the journal writer is closed")
+            raise self._closed_error()
+        wait = wait or settle
         # The batch is always written by the writer thread (when there is one),
         # even when the caller waits for it, though writing it here would save
         # two thread switches: signals arrive on the main thread, and a
@@ -178,14 +176,8 @@ class JournalWriter(Generic[T]):
             if item is not _STOP:
                 self._write(*cast("tuple[int, list[T]]", item))
 
-    def flush(self) -> None:
-        """Commit and wait until everything handed over is on disk."""
-        self.commit(wait=True)
-
-    def close(self) -> None:
-        """Flush, stop the writer thread and close the journal (idempotent)."""
-        if self._closed:
-            return
+    def _close(self) -> None:
+        """Flush, stop the writer thread and close the journal."""
         try:
             self.flush()
         finally:
@@ -196,12 +188,6 @@ class JournalWriter(Generic[T]):
                 self._thread.join()
                 self._thread = None
             self.journal.close()
-
-    def __enter__(self) -> JournalWriter[T]:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- writer thread -------------------------------------------------------------
 

@@ -1,0 +1,93 @@
+"""Where a recorder's journal is written and where its audit runs, decided once.
+
+:meth:`Recorder.open <kvstate.recorder.Recorder.open>` hands its settings
+here, and :func:`place` turns them into a :class:`journal.writing.Writer`
+and says who folds each committed batch (the audit's ``commit`` mode):
+
+============================  ======================  ===============================
+settings                      writer                  who folds a committed batch
+============================  ======================  ===============================
+``process=True`` (default)    a writer process        the writer process, once the
+                                                      batch is durable; the
+                                                      committing thread when it
+                                                      cannot (ranks alone: their job
+                                                      specs are not in the journal)
+``process=False``             a writer thread         the writer thread, after the
+(``background=True``)                                 write
+``background=False``          the committing thread   the committing thread
+============================  ======================  ===============================
+
+An ``inline`` audit folds each record on the caller's thread as it is
+recorded, and ``off`` folds nothing, whatever the writer.
+
+Values the contract refuses never reach the journal: a writer process
+decodes every record anyway, and writes a ``record_refused`` (an addition to
+the contract, a ``RECORD_REFUSED`` finding) in place of one it refuses; with
+any other writer the recorder refuses the value at the call
+(:class:`~kvstate.errors.RefusedValueError`), which costs the caller one
+encode and one decode per record.
+"""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+
+from journal import Journal, JournalWriter, ProcessWriter
+from journal.writing import Writer
+
+from .audit import Auditor
+from .batches import decode_report, encode_batch
+from .codec import Entry, to_row
+
+
+@attrs.frozen
+class Placement:
+    """A writer, whether it folds what it writes itself, and whether it checks values."""
+
+    writer: Writer[Entry]
+    #: the writer folds every batch it writes (the committing thread need not)
+    writer_folds: bool
+    #: the writer checks each record's values against the contract and
+    #: writes a ``record_refused`` in place of one it refuses (a writer
+    #: process, which decodes every record anyway); else the recorder
+    #: refuses such a value at the call
+    writer_checks: bool = False
+
+
+def place(
+    path: str | os.PathLike[str],
+    journal: Journal,
+    auditor: Auditor,
+    *,
+    process: bool,
+    background: bool,
+    synchronous: str,
+) -> Placement:
+    """The writer of ``journal`` at ``path`` for these settings (see the table above).
+
+    ``journal`` is open with its schema; a writer process opens its own, so
+    this closes it then.
+    """
+    folds = auditor.mode == "commit"
+    if process:
+        journal.close()
+        writer: Writer[Entry] = ProcessWriter(
+            path,
+            encode_batch,
+            "kvstate.batches:BatchCodec",
+            synchronous=synchronous,
+            # read when the process starts (at the first commit), once the
+            # ledgers that record here are attached
+            codec_arg=auditor.hand_to_writer,
+            on_report=lambda report: auditor.add_found(decode_report(report)),
+        )
+        # Whether the process folds is known when it starts: the auditor's
+        # ``folded_remotely`` says so, and the recorder folds what it does not.
+        return Placement(writer, writer_folds=False, writer_checks=True)
+    after = auditor.apply_entries if folds else None
+    return Placement(
+        JournalWriter(journal, to_row, background=background, after_write=after),
+        writer_folds=folds,
+    )
