@@ -40,7 +40,7 @@ from kvstate.worker import JobRun
 
 #: the calls a connector makes into the ledgers, besides their public methods:
 #: a job's start (the liveness check) and its report (the one ``finally``)
-_PRIVATE_CALLS = {JobRun: ("_start",), WorkerLedger: ("_report",)}
+_PRIVATE_CALLS = {JobRun: ("_start",), WorkerLedger: ("report",)}
 
 
 class _Clock:
@@ -115,7 +115,7 @@ def _methods(cls: type) -> list[str]:
         for name, value in vars(cls).items()
         if callable(value) and not name.startswith("_") and not isinstance(value, staticmethod)
     ]
-    # run() only builds the context manager: its work is _start and _report
+    # run() only builds the context manager: its work is _start and report
     return [n for n in public if n != "run"] + list(_PRIVATE_CALLS.get(cls, ()))
 
 

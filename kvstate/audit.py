@@ -65,6 +65,8 @@ class Auditor:
         #: the rank folds when no scheduler records to this recorder
         self.ranks: dict[int, RankLedger] = {}
         self._built = False
+        #: a writer process folds this recorder's batches (see :meth:`hand_to_writer`)
+        self.folded_remotely = False
 
     # -- what the recorder carries -------------------------------------------------
 
@@ -133,10 +135,12 @@ class Auditor:
             new, self.untaken = self.untaken, []
         return new
 
-    def add_found(self, found: list[Violation]) -> None:
-        """Findings folded elsewhere (the writer process) for this recorder's records."""
+    def add_found(self, found: list[Violation], *, folded: bool = False) -> None:
+        """Findings no ledger call took: folded elsewhere (the writer process),
+        or by :meth:`apply` already (``folded``: kept, not counted twice)."""
         if found:
-            self.violations.extend(found)
+            if not folded:
+                self.violations.extend(found)
             with self._untaken_lock:
                 self.untaken.extend(found)
 
@@ -144,6 +148,16 @@ class Auditor:
     def wants_specs(self) -> bool:
         """Whether the ranks' job specs are needed: ranks alone record here."""
         return not self._scheduler and self.mode != "off"
+
+    def hand_to_writer(self) -> str:
+        """What the writer process folds (``""``: nothing), as it starts.
+
+        From then on :attr:`folded_remotely` says whether it folds this recorder's
+        batches; where it does not, the committing thread does.
+        """
+        config = self.remote_config() or ""
+        self.folded_remotely = bool(config)
+        return config
 
     def remote_config(self) -> str | None:
         """What a writer process must fold for this recorder: ``scheduler`` or

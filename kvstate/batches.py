@@ -8,9 +8,11 @@ cuts each event's bytes out of the blob without re-encoding them (they are
 exactly the stored payload, see :func:`kvstate.codec.payload_bytes`) and
 reads the rank from the event's typed decode.
 
-A record whose payload the typed decoder refuses is still written as it was
-handed over: the journal never drops what the engine recorded, and every
-reader then names that record's seq.
+A record whose payload the typed decoder refuses (a value the contract
+refuses: a negative block id, a string where an id goes) is not written as
+it was handed over, which would leave every reader unable to go past it: a
+``record_refused`` naming the kind and the field takes its seq, and the
+audit reports it (``RECORD_REFUSED``) like any finding.
 
 With an audit configuration (see :meth:`kvstate.audit.Auditor.remote_config`)
 the codec also folds every committed batch, parking settled state in a
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import msgspec
 
-from .codec import Entry, payload_bytes
+from .codec import Entry, payload_bytes, refusal, refused, to_row
 from .events import SIDE_WORKER, EngineCrashed
 from .violations import Code, Violation
 
@@ -40,8 +42,26 @@ ORPHANED = "the engine process ended without closing its journal (killed, or die
 
 
 def encode_batch(batch: list[Entry]) -> bytes:
-    """The blob of one commit (runs on the engine's thread, once per commit)."""
-    return _encode(([entry[3].kind for entry in batch], batch))
+    """The blob of one commit (runs on the engine's thread, once per commit).
+
+    An event holding a value msgspec cannot encode (an object a connector
+    read off the engine: a mock, a tensor) would fail the whole batch, and
+    every commit after it; that batch is encoded again entry by entry, with
+    a ``record_refused`` in place of each entry that cannot be.
+    """
+    try:
+        return _encode(([entry[3].kind for entry in batch], batch))
+    except (TypeError, ValueError, OverflowError):
+        pass
+    kept = []
+    for entry in batch:
+        try:
+            _encode(entry)
+        except (TypeError, ValueError, OverflowError) as exc:
+            seq, step, ts, event = entry
+            entry = refused(seq, step, ts, event.kind, refusal(event) or f"{event.kind}: {exc}")
+        kept.append(entry)
+    return _encode(([entry[3].kind for entry in kept], kept))
 
 
 def encode_report(found: list[Violation]) -> bytes:
@@ -89,12 +109,17 @@ class BatchCodec:
         for kind, (seq, step, ts, raw) in zip(kinds, entries, strict=True):
             payload = bytes(raw)
             event = self._event(kind, payload)
-            rank = event.rank if event is not None and event.side == SIDE_WORKER else None
             if event is None:
-                rank = _rank_of_payload(payload)
-            elif self._auditor is not None:
+                # refused: its explanation in its place, the same seq
+                entry = refused(seq, step, ts, kind, self._why(kind, payload))
+                row = to_row(entry)
+                event = entry.event
+            else:
+                rank = event.rank if event.side == SIDE_WORKER else None
+                row = (seq, kind, step, rank, ts, payload)
+            if self._auditor is not None:
                 audited.append(Entry(seq, step, ts, event))
-            rows.append((seq, kind, step, rank, ts, payload))
+            rows.append(row)
         if rows:
             self._last_step = rows[-1][2]
         return rows
@@ -117,8 +142,27 @@ class BatchCodec:
         try:
             return self._decoders[kind](payload)
         except (KeyError, msgspec.DecodeError, RecursionError):
-            # Kept as handed over; replay names this record's seq.
             return None
+
+    @staticmethod
+    def _why(kind: str, payload: bytes) -> str:
+        """What the contract refuses in a payload the typed decoder did not
+        take, in a reader's words (the reader's own general path)."""
+        from journal import RecordError
+
+        from .codec import from_row
+
+        try:
+            fields = msgspec.msgpack.decode(payload)
+            if type(fields) is not dict:
+                return f"{kind}: the payload is not a map"
+            rank = fields.pop("rank", None)
+            from_row(0, kind, 0, rank if type(rank) is int else None, None, fields)
+        except RecordError as exc:
+            return exc.message
+        except (msgspec.DecodeError, RecursionError) as exc:
+            return f"{kind}: {exc}"
+        return f"{kind}: refused by its typed decoder"
 
     def orphaned(self, last_seq: int) -> list[tuple[int, str, int, None, int, bytes]]:
         """The record that closes a journal whose engine died: ``engine_crashed``."""
@@ -127,13 +171,3 @@ class BatchCodec:
             (last_seq + 1, event.kind, self._last_step, None, time.monotonic_ns(),
              payload_bytes(event))
         ]  # fmt: skip
-
-
-def _rank_of_payload(payload: bytes) -> int | None:
-    """The rank a payload the decoder refused says it has, if it says one."""
-    try:
-        fields = msgspec.msgpack.decode(payload)
-    except (msgspec.DecodeError, RecursionError):
-        return None
-    rank = fields.get("rank") if type(fields) is dict else None
-    return rank if type(rank) is int else None

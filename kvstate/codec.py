@@ -27,7 +27,7 @@ import msgspec.inspect as mi
 from journal import Record, RecordError
 from journal import _values as values
 
-from .events import EVENT_TYPES, SIDE_WORKER, Event, rank_of
+from .events import EVENT_TYPES, SIDE_WORKER, Event, RecordRefused, rank_of
 
 
 class Entry(NamedTuple):
@@ -63,6 +63,32 @@ def payload_bytes(event: Event) -> bytes:
     for name, value in extra.items():
         fields.setdefault(name, value)
     return _encode(fields)
+
+
+def refusal(event: Event) -> str | None:
+    """Why the contract refuses ``event``'s values, or None when it takes them.
+
+    Building an event checks nothing (see :mod:`kvstate.events`); this is
+    the reader's own check, run where a record is made: the one encoder,
+    then the kind's one typed decoder. Naming the field, as a reader would.
+    """
+    try:
+        payload = payload_bytes(event)
+    except (TypeError, ValueError, OverflowError) as exc:
+        return f"{event.kind}: {_unencodable(event, exc)}"
+    try:
+        _DECODERS[event.kind](payload)
+    except msgspec.ValidationError as exc:
+        fields = msgspec.msgpack.decode(payload)
+        return f"{event.kind}: {_explain(type(event), fields, exc)}"
+    except (msgspec.DecodeError, RecursionError) as exc:
+        return f"{event.kind}: {exc}"
+    return None
+
+
+def refused(seq: int, step: int, ts: int | None, kind: str, error: str) -> Entry:
+    """The record written in place of a refused one of ``kind``: same seq, step and ts."""
+    return Entry(seq, step, ts, RecordRefused(refused=kind, error=error))
 
 
 def event_payload(event: Event) -> dict[str, Any]:
@@ -217,6 +243,20 @@ def _explain(cls: type[Event], fields: Mapping[str, Any], exc: msgspec.Validatio
     if must is None or name not in fields:
         return message
     return f"'{name}' must be {must}, not {_short(fields[name])}"
+
+
+def _unencodable(event: Event, exc: Exception) -> str:
+    """Which field of ``event`` the encoder could not write, in the journal's words."""
+    for field in msgspec.structs.fields(event):
+        value = getattr(event, field.name)
+        try:
+            _encode(value)
+        except (TypeError, ValueError, OverflowError):
+            must = _MUST.get(type(event), {}).get(field.name)
+            if must is not None:
+                return f"'{field.name}' must be {must}, not {_short(value)}"
+            return f"'{field.name}': {exc}"
+    return str(exc)
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -56,3 +56,9 @@ class DuplicateJobError(LedgerUsageError, ValueError):
         self.job = job
         self.rank = rank
         super().__init__(f"register: job {job} is already registered on rank {rank}")
+
+
+class RefusedValueError(LedgerUsageError, ValueError):
+    """A call would record a value the journal contract refuses (a negative
+    block id, a string where an id goes, an object no codec can write).
+    Nothing was recorded; the message names the kind and the field."""

@@ -510,6 +510,20 @@ class KeyMissing(Event, frozen=True):
     reason: str
 
 
+# -- journal side ------------------------------------------------------------------
+
+
+@_kind("record_refused", SIDE_JOURNAL)
+class RecordRefused(Event, frozen=True):
+    """Addition: the connector recorded a record of kind ``refused`` whose
+    values the contract refuses; the writer wrote this record in its place,
+    at the same seq, so the journal stays readable. ``error`` says which
+    field held what."""
+
+    refused: str
+    error: str
+
+
 def rank_of(event: Event) -> int | None:
     """The rank of a worker event; None for every other side."""
     return getattr(event, "rank", None) if event.side == SIDE_WORKER else None

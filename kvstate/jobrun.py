@@ -9,14 +9,38 @@ for a job that is no longer live.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from . import events as ev
 from .errors import UnknownJobError
+from .jobspec import JobSpec
+from .policy import WorkerPolicy
 
-if TYPE_CHECKING:
-    from .worker import WorkerLedger
+
+class Effects(Protocol):
+    """A request's state on a rank that an effect changes."""
+
+    offset: int
+    retry: tuple[int, int] | None
+
+
+class Rank(Protocol):
+    """What a job run needs of its rank: the interface
+    :class:`kvstate.worker.WorkerLedger` gives it (this module imports no ledger)."""
+
+    rank: int
+    step: int
+    policy: WorkerPolicy | None
+    lock: threading.RLock
+
+    def spec(self, job: int) -> JobSpec | None: ...
+    def is_live(self, job: int) -> bool: ...
+    def effect_state(self, job: int) -> Effects | None: ...
+    def emit(self, event: ev.Event, *, quiet: bool = False, suspect: bool = False) -> None: ...
+    def report(self, job: int, *, quiet: bool = False) -> None: ...
+    def flush_before_raising(self) -> None: ...
 
 
 class _Skip(Exception):
@@ -36,7 +60,7 @@ class _Run:
 
     __slots__ = ("run",)
 
-    def __init__(self, worker: WorkerLedger, job: int) -> None:
+    def __init__(self, worker: Rank, job: int) -> None:
         self.run = JobRun(worker, job)
 
     def __enter__(self) -> JobRun:
@@ -55,20 +79,20 @@ class _Run:
         unwinding = kind is not None and not issubclass(kind, _Skip)
         try:
             if unwinding and not run._outcome:
-                with worker._lock:
-                    worker._emit(
+                with worker.lock:
+                    worker.emit(
                         ev.JobSkipped(job=job, rank=worker.rank, reason="error"), quiet=True
                     )
             return kind is not None and not unwinding  # a skip leaves the body quietly
         finally:
             # A job that is never reported keeps its pins for the rest of the run.
-            worker._report(job, quiet=unwinding)
+            worker.report(job, quiet=unwinding)
             if unwinding:
-                worker.recorder.flush_before_raising()
+                worker.flush_before_raising()
 
 
 class JobRun:
-    """One job on one rank, from dequeue to report (made by :meth:`WorkerLedger.run`).
+    """One job on one rank, from dequeue to report (made by ``WorkerLedger.run``).
 
     Entering checks liveness: a live job records ``job_started``; a stale one
     records ``job_skipped`` (``stale``) and the body must do nothing (check
@@ -90,7 +114,7 @@ class JobRun:
             run.save_offset(32)
     """
 
-    def __init__(self, worker: WorkerLedger, job: int) -> None:
+    def __init__(self, worker: Rank, job: int) -> None:
         self.worker = worker
         self.job = job
         self.live = False
@@ -98,24 +122,25 @@ class JobRun:
 
     def _start(self) -> None:
         w = self.worker
-        with w._lock:
+        with w.lock:
             if w.spec(self.job) is None:
                 self._outcome = True
-                w._emit(ev.JobSkipped(job=self.job, rank=w.rank, reason="error"))
+                # UNLEDGERED_JOB: dequeued without being registered here
+                w.emit(ev.JobSkipped(job=self.job, rank=w.rank, reason="error"), suspect=True)
                 return
             # the dequeue check: is the job's id among its request's live jobs?
-            self.live = w._is_live(self.job)
+            self.live = w.is_live(self.job)
             if w.policy is not None:
                 self.live = w.policy.live_at_start(w, self.job, self.live)
             if self.live:
-                w._emit(ev.JobStarted(job=self.job, rank=w.rank))
+                w.emit(ev.JobStarted(job=self.job, rank=w.rank))
             else:
                 self._outcome = True
-                w._emit(ev.JobSkipped(job=self.job, rank=w.rank, reason="stale"))
+                w.emit(ev.JobSkipped(job=self.job, rank=w.rank, reason="stale"))
 
-    def _record(self, event: ev.Event) -> None:
-        with self.worker._lock:
-            self.worker._emit(event)
+    def _record(self, event: ev.Event, suspect: bool = False) -> None:
+        with self.worker.lock:
+            self.worker.emit(event, suspect=suspect)
 
     def _effect(self, event: ev.Event, offset: int | None = None, retry: object = False) -> bool:
         """Record an effect if the job may make it, and apply it to the rank's state:
@@ -123,14 +148,18 @@ class JobRun:
         # Liveness is re-checked at the moment of the effect: a preemption
         # notice may have arrived on the other thread since the job started.
         w = self.worker
-        with w._lock:
-            allowed = w._is_live(self.job)
+        with w.lock:
+            live = w.is_live(self.job)
+            allowed = live
             if w.policy is not None:
                 allowed = w.policy.effect_allowed(w, self.job, allowed)
             if not allowed:
                 return False
-            w._emit(event)
-            state = w._effect_state(self.job)
+            state = w.effect_state(self.job)
+            # STALE_GENERATION (a policy let a job that is not live write) or
+            # OFFSET_REWOUND (below what this rank saved for the request)
+            rewound = offset is not None and state is not None and offset < state.offset
+            w.emit(event, suspect=not live or rewound)
             if state is not None:
                 if offset is not None:
                     state.offset = offset
@@ -182,10 +211,17 @@ class JobRun:
         index = [position.get(k, 0) for k in stored]  # a key outside the chain: the fold flags it
         parents = [spec.keys[i - 1] if i else spec.parent for i in index]
         policy = self.worker.policy
+        chained = parents
         if policy is not None:
             parents = policy.kv_event_parents(spec, stored, parents)
-        for key, parent in zip(stored, parents, strict=True):
-            self.kv_block_stored(key, parent)
+        for i, (key, parent) in enumerate(zip(stored, parents, strict=True)):
+            # PARENT_CHAIN_BROKEN: a key outside the chain, or a parent a
+            # policy took from elsewhere
+            broken = key not in position or parent != chained[i]
+            self._record(
+                ev.KvBlockStored(job=self.job, rank=self.worker.rank, key=key, parent=parent),
+                suspect=broken,
+            )
 
     # -- effects (refused for stale jobs) ------------------------------------------------
 

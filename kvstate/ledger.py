@@ -29,17 +29,15 @@ from . import _copies
 from . import events as ev
 from ._blocks import assign, drop
 from ._blocks import block as block_state
-from ._layered import LayeredSet
+from ._ledger_state import LedgerState, folded_state
 from ._parking import PARK_AFTER, SWEEP_EVERY, Parking
 from ._quiescence import check_ended, check_quiescent
 from ._reads import check_enqueued_reads, check_epochs, check_key, check_load
 from .archive import Archive
 from .codec import Entry
-from .rank import RankLedger
 from .state import (
     FINISHED,
     PREEMPTED,
-    BlockState,
     Incarnation,
     RequestState,
     StoreJobState,
@@ -57,8 +55,9 @@ _WORKER_JOB_KINDS = frozenset(k for k in _WORKER_KINDS if "job" in k.payload_fie
 _DMA_KINDS = (ev.DmaStarted, ev.DmaDone)
 
 
-class Ledger:
-    """The whole engine as the journal describes it.
+class Ledger(LedgerState):
+    """The whole engine as the journal describes it: its state (declared in
+    :class:`~kvstate._ledger_state.LedgerState`) and the transition function.
 
     ``observes_workers``: whether worker records reach this ledger. Replay
     sees them all; a live scheduler in another process does not, so it
@@ -81,31 +80,12 @@ class Ledger:
         park_after: int = PARK_AFTER,
         sweep_every: int = SWEEP_EVERY,
     ) -> None:
-        self.observes_workers = observes_workers
-        self.archive = archive if archive is not None else Archive()
-        #: what parks settled state (only when an archive was given)
-        self.parking = Parking(self, park_after, sweep_every) if archive is not None else None
-        self.header: ev.JournalOpened | None = None
-        self.requests: dict[str, RequestState] = {}
-        self.blocks: dict[int, BlockState] = {}
-        self.jobs: dict[int, StoreJobState] = {}
-        self.ranks: dict[int, RankLedger] = {}
-        self.last_job: int | None = None
-        self.last_job_seq: int | None = None
-        self.step = 0
-        self.records = 0
-        #: the last record folded: its seq and kind (for the end-of-journal check)
-        self.last_seq: int | None = None
-        self.last_kind: str | None = None
-        self.crashes: list[int] = []
-        #: key_missing records: keys the store no longer had when read back
-        self.keys_missing = 0
-        #: key_loaded records: loads of keys another engine wrote (judged across runs)
-        self.foreign_loads = 0
-        #: jobs whose pins are still held, in enqueue order
-        self.pinned: dict[int, None] = {}
-        #: (code, entity) of the findings reported once (copies share it, see _layered)
-        self.reported_once = LayeredSet()
+        super().__init__(
+            observes_workers=observes_workers,
+            archive=archive if archive is not None else Archive(),
+        )
+        if archive is not None:  # only then is there somewhere to park
+            self.parking = Parking(self, park_after, sweep_every)
         self._dispatch: dict[type, Callable[[int, Any, Out], None]] = {
             **dict.fromkeys(_WORKER_KINDS, self._on_worker),
             ev.JournalOpened: self._on_journal_opened,
@@ -124,17 +104,8 @@ class Ledger:
             ev.LoadVerified: self._on_load_verified,
             ev.KeyLoaded: self._on_key_loaded,
             ev.KeyMissing: self._on_key_missing,
+            ev.RecordRefused: self._on_refused,
         }
-
-    # -- geometry --------------------------------------------------------------------
-
-    @property
-    def block_size(self) -> int:
-        return self.header.block_size if self.header is not None else 1
-
-    @property
-    def world_size(self) -> int:
-        return self.header.world_size if self.header is not None else 1
 
     # -- the transition function ---------------------------------------------------
 
@@ -405,12 +376,6 @@ class Ledger:
 
     # -- worker side -------------------------------------------------------------------
 
-    def rank(self, rank: int) -> RankLedger:
-        ledger = self.ranks.get(rank)
-        if ledger is None:
-            ledger = self.ranks[rank] = RankLedger(rank, self.jobs)
-        return ledger
-
     def _on_worker(self, seq: int, event: Any, out: Out) -> None:
         kind = type(event)
         job = None
@@ -447,16 +412,13 @@ class Ledger:
         why = f"engine crashed: {event.error}"
         out.append(finding(Code.CRASH, seq, why))
 
+    def _on_refused(self, seq: int, event: ev.RecordRefused, out: Out) -> None:
+        """A record the writer refused: what it said is lost, so the run is not clean."""
+        why = f"a {event.refused} record was refused and not journaled: {event.error}"
+        out.append(finding(Code.RECORD_REFUSED, seq, why))
+
     def _on_idle(self, seq: int, event: ev.EngineIdle, out: Out) -> None:
         check_quiescent(self, seq, out)
-
-    def first_report(self, code: Code, entity: Any) -> bool:
-        """True the first time ``(code, entity)`` is asked: a finding reported once."""
-        key = (code, entity)
-        if key in self.reported_once:
-            return False
-        self.reported_once.add(key)
-        return True
 
     def _on_key_verified(self, seq: int, event: ev.KeyVerified, out: Out) -> None:
         check_key(self, seq, event, out)
@@ -497,7 +459,7 @@ class Ledger:
         """Two ledgers are equal when every piece of folded state is, parked or not."""
         if not isinstance(other, Ledger):
             return NotImplemented
-        return _copies.folded_state(self.whole()) == _copies.folded_state(other.whole())
+        return folded_state(self.whole()) == folded_state(other.whole())
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 

@@ -16,26 +16,58 @@ by the recorder itself when it is created.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 
-from journal import Journal, JournalWriter, ProcessWriter
+from journal import Journal
+from journal.writing import Writer
 
 from .audit import Auditor
-from .batches import decode_report, encode_batch
-from .codec import Entry, to_row
+from .codec import Entry, refusal, refused
+from .errors import RefusedValueError
 from .events import EVENT_TYPES, JournalOpened
 from .events import Event as _Event
-from .violations import Violation
+from .placement import place
+from .violations import Violation, raise_for
 
 # Entry is a NamedTuple; tuple.__new__ builds one without the generated
 # __new__ and _make's length check (this runs once per recorded event).
 _tuple_new = tuple.__new__
 _NONE: list[Violation] = []
+
+#: recorders with a strict ledger and a journal, not yet closed (see _close_at_exit)
+_OPEN: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """A strict recorder never closed: close it, and print what its audit found.
+
+    Registered after the journal writers' own exit hooks, so it runs before
+    them (atexit is last in, first out): the journal is still open here, and
+    closing it brings the writer process's last findings back. Nothing is
+    raised at exit; the findings go to stderr so they are never silent.
+    """
+    for recorder in list(_OPEN):
+        with contextlib.suppress(Exception):
+            recorder.close(raise_found=False)
+        pending = [v for v in recorder.auditor.take_new() if not v.is_warning]
+        if pending:
+            path = getattr(recorder.writer, "path", "the journal")
+            print(
+                f"kvstate: {path} was never closed; its audit found "
+                f"{len(pending)} violation(s) no call raised:",
+                file=sys.stderr,
+            )
+            for v in pending:
+                print(f"kvstate:   {v.code} at seq {v.seq}: {v.message}", file=sys.stderr)
 
 
 def journal_views() -> dict[str, tuple[str, ...]]:
@@ -46,6 +78,14 @@ def journal_views() -> dict[str, tuple[str, ...]]:
     return views
 
 
+def _as_written(entry: Entry) -> Entry:
+    """An entry as a writer that checks values writes it."""
+    problem = refusal(entry.event)
+    if problem is None:
+        return entry
+    return refused(entry.seq, entry.step, entry.ts, entry.event.kind, problem)
+
+
 class Recorder:
     """Numbers events, hands them to the journal writer, and audits them.
 
@@ -54,31 +94,44 @@ class Recorder:
 
     ``audit`` is where the fold runs: ``inline`` (each record as it is
     recorded, on the caller's thread), ``commit`` (each committed batch,
-    where the journal is written: the writer thread or process, or the
-    committing thread without a writer) or ``off``.
+    where :mod:`kvstate.placement` puts it) or ``off``. ``writer_folds``:
+    the writer folds what it writes, so the committing thread need not.
     """
 
     def __init__(
         self,
         header: JournalOpened,
-        writer: JournalWriter[Entry] | ProcessWriter[Entry] | None = None,
+        writer: Writer[Entry] | None = None,
         *,
         keep: bool = False,
         clock: Callable[[], int] = time.monotonic_ns,
         audit: str = "inline",
+        auditor: Auditor | None = None,
+        writer_folds: bool = False,
+        writer_checks: bool = False,
     ) -> None:
         self.writer = writer
-        self.auditor = Auditor(audit)
+        self.auditor = auditor if auditor is not None else Auditor(audit)
+        audit = self.auditor.mode
         self._inline = audit == "inline"
+        #: a ledger in strict mode records here: close() raises what no call raised
+        self.strict = False
         #: every entry recorded, when ``keep`` (tests, tools, small runs)
         self.entries: list[Entry] | None = [] if keep else None
+        #: with ``keep``, the seqs a guard suspected of a breach (see :meth:`emit`)
+        self.suspected: list[int] | None = [] if keep else None
         self._clock = clock
+        #: the contract's check of each record's values, on the caller's
+        #: thread, unless the writer checks them (a writer process, which
+        #: writes a ``record_refused`` in place of a refused record)
+        self._check = None if writer_checks else refusal
         self._lock = threading.Lock()
         self._next_seq = 1
-        #: records of this commit still to fold here (``commit`` audit with
-        #: no writer to fold them)
+        self._closed = False
+        #: records of this commit still to fold here (``commit`` audit where
+        #: the writer does not fold them)
         self._unaudited: list[Entry] | None = None
-        if audit == "commit" and not isinstance(writer, JournalWriter):
+        if audit == "commit" and not writer_folds:
             self._unaudited = []
         # Chosen once, so the hot path makes no None checks.
         sinks: list[Callable[[Entry], None]] = []
@@ -89,7 +142,10 @@ class Recorder:
         if self._unaudited is not None:
             sinks.append(self._unaudited.append)
         self._sinks = tuple(sinks)
-        self.header = self.record(header, 0)
+        problem = refusal(header)  # a journal must start with a header it can read
+        if problem is not None:
+            raise RefusedValueError(problem)
+        self.header = self._append(header, 0)
         self.auditor.header(self.header)
 
     @classmethod
@@ -132,11 +188,6 @@ class Recorder:
         it, on the committing thread: for tests and small tools, where the
         start of a second interpreter costs more than it saves.
         """
-        journal = Journal(path, synchronous=synchronous)
-        if len(journal):
-            journal.close()
-            raise FileExistsError(f"{os.fspath(path)}: journal already has records")
-        journal.create_views(journal_views())
         header = JournalOpened(
             version=1,
             block_size=block_size,
@@ -147,31 +198,32 @@ class Recorder:
             run=run if run is not None else uuid.uuid4().hex,
             role=role,
         )
-        writer: JournalWriter[Entry] | ProcessWriter[Entry]
-        auditor: list[Auditor] = []  # the recorder's, once it exists
-        if process:
+        problem = refusal(header)  # before there is a file: nothing to clean up
+        if problem is not None:
+            raise RefusedValueError(problem)
+        journal = Journal(path, synchronous=synchronous)
+        if len(journal):
             journal.close()
-            writer = ProcessWriter(
-                path,
-                encode_batch,
-                "kvstate.batches:BatchCodec",
-                synchronous=synchronous,
-                # read when the writer starts (at the first commit), once the
-                # ledgers that record here are attached
-                codec_arg=lambda: auditor[0].remote_config() or "",
-                on_report=lambda report: auditor[0].add_found(decode_report(report)),
-            )
-        else:
-            after = None
-            if audit == "commit":
-
-                def after(batch: list[Entry]) -> None:
-                    auditor[0].apply_entries(batch)
-
-            writer = JournalWriter(journal, to_row, background=background, after_write=after)
-        recorder = cls(header, writer, keep=keep, clock=clock, audit=audit)
-        auditor.append(recorder.auditor)
-        return recorder
+            raise FileExistsError(f"{os.fspath(path)}: journal already has records")
+        journal.create_views(journal_views())
+        auditor = Auditor(audit)
+        placed = place(
+            path,
+            journal,
+            auditor,
+            process=process,
+            background=background,
+            synchronous=synchronous,
+        )
+        return cls(
+            header,
+            placed.writer,
+            keep=keep,
+            clock=clock,
+            auditor=auditor,
+            writer_folds=placed.writer_folds,
+            writer_checks=placed.writer_checks,
+        )
 
     @classmethod
     def in_memory(
@@ -184,11 +236,29 @@ class Recorder:
         return cls(header, None, keep=True, audit=audit)
 
     def record(self, event: _Event, step: int) -> Entry:
-        """Append one event; returns its entry (with its seq).
+        """Append one event no ledger acts on (the runtime's audit records); returns its entry.
+
+        An inline audit folds it now; what it finds is for :attr:`violations`
+        and, with a strict ledger here, for :meth:`close` to raise.
+        """
+        entry = self._append(event, step)
+        if self._inline:
+            self.auditor.add_found(self.auditor.apply(entry.seq, step, event), folded=True)
+        return entry
+
+    def _append(self, event: _Event, step: int) -> Entry:
+        """Stamp one event with its seq and hand it to every sink.
 
         The lock makes seq order equal to append order when several threads
         record; it is held for a counter increment and a list append only.
+        A value the contract refuses is refused here, before it has a seq,
+        unless the writer checks (see ``_check``).
         """
+        check = self._check
+        if check is not None:
+            problem = check(event)
+            if problem is not None:
+                raise RefusedValueError(problem)
         with self._lock:
             seq = self._next_seq
             self._next_seq = seq + 1
@@ -197,19 +267,38 @@ class Recorder:
                 sink(entry)
         return entry
 
-    def emit(self, event: _Event, step: int) -> list[Violation]:
+    def emit(self, event: _Event, step: int, suspect: bool = False) -> list[Violation]:
         """:meth:`record` one event and return the findings its ledger acts on.
 
         Inline, the record's own (folded now); otherwise whatever the audit
         found in committed batches since the last call, usually nothing.
+        ``suspect``: the ledger's guard decided from its own state that this
+        record breaks an invariant (a table overrun, an effect of a job that
+        is not live, ...). The guard only says when to look; the fold
+        decides: with a strict ledger recording here the batch is committed
+        and folded before this returns (:meth:`settle`), so the record's own
+        findings come back now.
         """
-        seq, step, _ts, event = self.record(event, step)
+        seq, step, _ts, event = self._append(event, step)
         auditor = self.auditor
+        if suspect:
+            if self.suspected is not None:
+                self.suspected.append(seq)
+            if self.strict and not self._inline:
+                self.settle()
         if self._inline:
-            return auditor.apply(seq, step, event)
+            found = auditor.apply(seq, step, event)
+            if auditor.untaken:  # what records no ledger made were found to break
+                return auditor.take_new() + found
+            return found
         if auditor.untaken:
             return auditor.take_new()
         return _NONE
+
+    def settle(self) -> None:
+        """Commit, and return once the audit has folded everything recorded so far."""
+        if self.auditor.mode == "commit":
+            self.commit(settle=True)
 
     @property
     def recorded(self) -> int:
@@ -221,20 +310,23 @@ class Recorder:
         """Every finding of the audit so far (see :mod:`kvstate.audit`)."""
         return self.auditor.violations
 
-    def commit(self, *, wait: bool = True) -> None:
+    def commit(self, *, wait: bool = True, settle: bool = False) -> None:
         """End a group commit (an engine step): the batch goes to disk as one transaction.
 
-        Returns once the batch is durable (see :meth:`journal.JournalWriter.commit`);
-        ``wait=False`` hands it to the writer without waiting.
+        Returns once the batch is durable (see :mod:`journal.writing`);
+        ``wait=False`` hands it to the writer without waiting; ``settle``
+        also waits for the writer's audit of it.
         """
         if self.writer is not None:
-            self.writer.commit(wait=wait)
+            self.writer.commit(wait=wait, settle=settle)
         if self._unaudited:
             with self._lock:
                 batch, self._unaudited[:] = list(self._unaudited), []
-            # A writer process folds what it is given, unless the recorder
-            # carries ranks alone: their job specs never reach the journal.
-            if not (isinstance(self.writer, ProcessWriter) and self.auditor.remote_config()):
+            if not self.auditor.folded_remotely:  # else the writer process folds it
+                if self._check is None:
+                    # the writer checks values: fold what it writes, a
+                    # record_refused in place of a refused record
+                    batch = [_as_written(entry) for entry in batch]
                 self.auditor.apply_entries(batch)
 
     def flush(self) -> None:
@@ -256,15 +348,34 @@ class Recorder:
             with contextlib.suppress(Exception):
                 self.writer.flush()
 
-    def close(self) -> None:
-        """Flush and close the journal."""
+    def close(self, *, raise_found: bool = True) -> None:
+        """Flush and close the journal.
+
+        With a strict ledger recording here, a finding of the audit that no
+        ledger call raised yet (the writer's audit of the last batches)
+        raises now, once the journal is closed, unless ``raise_found`` is
+        False. Calling it again does nothing.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        _OPEN.discard(self)
         if self.writer is not None:
             self.writer.close()
         elif self._unaudited:
             self.commit()
+        if raise_found and self.strict and self.auditor.untaken:
+            raise_for(self.auditor.take_new())
+
+    def attach_strict(self) -> None:
+        """A strict ledger records here (see :meth:`close`)."""
+        self.strict = True
+        if self.writer is not None and not self._closed:
+            _OPEN.add(self)
 
     def __enter__(self) -> Recorder:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        # An exception already unwinding wins over what the audit found.
+        self.close(raise_found=kind is None)

@@ -84,6 +84,8 @@ class SchedulerLedger:
     ) -> None:
         self.recorder = recorder
         self.strict = strict
+        if strict:
+            recorder.attach_strict()
         self.policy = policy
         if recorder.auditor.mode == "inline":
             # the fold runs here: it parks settled jobs and requests as replay does
@@ -114,8 +116,11 @@ class SchedulerLedger:
 
     # -- recording -----------------------------------------------------------------
 
-    def _emit(self, event: ev.Event) -> None:
-        found = self.recorder.emit(event, self.step)
+    def _emit(self, event: ev.Event, suspect: bool = False) -> None:
+        """Record ``event``; ``suspect``: this ledger's own state says it breaks
+        an invariant, so the audit folds it before the call returns and
+        strict mode raises at this very call (see :meth:`Recorder.emit`)."""
+        found = self.recorder.emit(event, self.step, suspect)
         if self.policy is not None:
             self.policy.observe(self, event)
         if found and self.strict and any(not v.is_warning for v in found):
@@ -138,8 +143,15 @@ class SchedulerLedger:
     def begin_step(self, step: int | None = None) -> int:
         """Start the next engine step; the previous one's records are committed together."""
         self.recorder.commit()
+        self._raise_untaken()
         self.step = self.step + 1 if step is None else step
         return self.step
+
+    def _raise_untaken(self) -> None:
+        """Strict: what the writer's audit found since the last call raises now."""
+        auditor = self.recorder.auditor
+        if self.strict and auditor.untaken:
+            raise_for(auditor.take_new())
 
     # -- requests --------------------------------------------------------------------
 
@@ -299,11 +311,13 @@ class SchedulerLedger:
         table = self._tables.get(req, [])
         if self.policy is not None:
             table = self.policy.job_table(self, req, table)
+        chosen = reads is not None or self.policy is not None
         if reads is None:
             covered = -(-token_end // self.block_size)
             reads = (*cow_blocks, *table[:covered]) if cow_blocks else table[:covered]
         if job is None:
             job = self._next_job
+        reused = job < self._next_job  # ID_REUSED: not above every earlier id
         self._next_job = max(self._next_job, job + 1)
         if pins is None:
             # every block the job may read, copy-on-write tail blocks first
@@ -314,6 +328,16 @@ class SchedulerLedger:
         else:
             pins = tuple(pins)
         reads, keys = tuple(reads), tuple(keys)
+        # TABLE_OVERRUN, ID_REUSED and FOREIGN_BLOCK_READ, as far as this
+        # ledger's own table and counter tell (the fold decides). Reads this
+        # ledger derived from the table are within it; only chosen ones are
+        # compared.
+        current = self._tables.get(req, ())
+        suspect = (
+            token_end > len(current) * self.block_size
+            or reused
+            or (chosen and bool(reads) and not set(reads) <= {*current, *pins})
+        )
         self._emit(
             ev.JobEnqueued(
                 job=job,
@@ -326,7 +350,8 @@ class SchedulerLedger:
                 keys=keys,
                 world_size=self.world_size,
                 parent=parent,
-            )
+            ),
+            suspect,
         )
         self._jobs[job] = JobGuard(job, req, gen, reads, pins, keys, parent, self.world_size)
         if pins:
@@ -348,8 +373,11 @@ class SchedulerLedger:
         """Consume the completion counts of one step, aggregated over ranks."""
         for job, count in sorted(completed.items()):
             if count:
-                self._emit(ev.CompletionsReceived(job=job, count=count))
                 state = self._jobs.get(job)
+                # PHANTOM_COMPLETION or CAUSALITY: more than the job's ranks,
+                # or a job this ledger has no longer (or never had)
+                suspect = state is None or state.completions + count > state.world_size
+                self._emit(ev.CompletionsReceived(job=job, count=count), suspect)
                 if state is not None:
                     state.completions += count
                     self._done(state)
@@ -375,7 +403,8 @@ class SchedulerLedger:
         """Release one job's pins (tail first); returns the blocks to free, in order."""
         state = self.job(job)
         blocks = state.pins[::-1]
-        self._emit(ev.PinsReleased(job=job, blocks=blocks))
+        # EARLY_RELEASE: a rank has not reported the job yet
+        self._emit(ev.PinsReleased(job=job, blocks=blocks), state.completions < state.world_size)
         state.released = True
         self._pinned.pop(job, None)
         self._done(state)
@@ -409,9 +438,10 @@ class SchedulerLedger:
 
     def crashed(self, error: str) -> None:
         """The engine died. Recorded before the strict-mode raise, like any breach."""
-        self._emit(ev.EngineCrashed(error=error))
+        self._emit(ev.EngineCrashed(error=error), suspect=True)  # CRASH
 
     def idle(self) -> None:
         """The engine stopped with no work left: quiescence checks run now."""
-        self._emit(ev.EngineIdle())
+        # LEAKED_PIN, MISSING_REPORT, HELD_FOREVER: a job or a hold not done
+        self._emit(ev.EngineIdle(), bool(self._jobs or self._held))
         self.recorder.commit()

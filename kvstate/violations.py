@@ -43,6 +43,7 @@ class Code(str, enum.Enum):
     CAUSALITY = "CAUSALITY"
     # -- additions (docs/events.md): violations --
     LEAKED_BLOCKS = "LEAKED_BLOCKS"
+    RECORD_REFUSED = "RECORD_REFUSED"
     # -- docs/events.md, "Violation codes": warnings (do not change the verdict) --
     RELEASE_ORDER = "RELEASE_ORDER"
     # -- additions (docs/events.md): warnings only --
@@ -63,6 +64,32 @@ WARNING_CODES = frozenset(
         Code.NOTHING_HELD,
         Code.DUPLICATE_RECEIVE,
         Code.UNFINISHED,
+    }
+)
+
+#: codes the ledgers' guards decide from their own state: a strict ledger
+#: raises them from the call that made the breaching record, once the record
+#: is durable and the fold has found it (``tests/test_stateful.py`` checks
+#: that the guards suspect every such finding). Every other code is found by
+#: the fold alone and raises at the next ledger call after its batch was
+#: audited, or at ``Recorder.close()``.
+DECIDED_AT_THE_CALL = frozenset(
+    {
+        Code.TABLE_OVERRUN,
+        Code.FOREIGN_BLOCK_READ,
+        Code.ID_REUSED,
+        Code.EARLY_RELEASE,
+        Code.PHANTOM_COMPLETION,
+        Code.STALE_GENERATION,
+        Code.OFFSET_REWOUND,
+        Code.DOUBLE_REPORT,
+        Code.UNLEDGERED_JOB,
+        Code.PREMATURE_RETIRE,
+        Code.PARENT_CHAIN_BROKEN,
+        Code.CRASH,
+        Code.LEAKED_PIN,
+        Code.MISSING_REPORT,
+        Code.HELD_FOREVER,
     }
 )
 
@@ -269,6 +296,12 @@ class WrongKvLoadedError(InvariantViolation):
     """A load returned KV that is not what the key names."""
 
     code = Code.WRONG_KV_LOADED
+
+
+class RecordRefusedError(InvariantViolation):
+    """A record's values were refused by the contract; a ``record_refused`` stands in its place."""
+
+    code = Code.RECORD_REFUSED
 
 
 class CrashError(InvariantViolation):

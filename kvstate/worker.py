@@ -25,33 +25,15 @@ import contextlib
 import threading
 from collections.abc import Iterable, Mapping
 
-import attrs
-
 from . import events as ev
 from ._generations import Generations
 from .archive import Archive
 from .errors import DuplicateJobError
 from .jobrun import JobRun, _Run
+from .jobspec import JobSpec
 from .policy import WorkerPolicy
 from .recorder import Recorder
 from .violations import Violation, raise_for
-
-
-def _strings(keys: Iterable[str]) -> tuple[str, ...]:
-    return tuple(keys)
-
-
-@attrs.frozen(slots=True)
-class JobSpec:
-    """What a rank knows about a job, from the scheduler's metadata."""
-
-    job: int
-    req: str
-    gen: int
-    keys: tuple[str, ...] = attrs.field(default=(), converter=_strings)
-    parent: str | None = None
-    #: a worker does not see the scheduler's journal; chains omit the enqueue
-    enqueued_seq: None = None
 
 
 class _Running:
@@ -96,6 +78,8 @@ class WorkerLedger:
         self.rank = rank
         self.recorder = recorder
         self.strict = strict
+        if strict:
+            recorder.attach_strict()
         self.policy = policy
         #: a worker with a recorder of its own (its own process and journal)
         #: commits at each step, as the scheduler does; one sharing the
@@ -115,25 +99,34 @@ class WorkerLedger:
         self._last_job = -1
         self._received = 0
         self._completed: dict[int, int] = {}
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
 
     @property
     def violations(self) -> list[Violation]:
         """Every finding of the audit of this ledger's recorder so far."""
         return self.recorder.violations
 
-    def _emit(self, event: ev.Event, *, quiet: bool = False) -> None:
+    def emit(self, event: ev.Event, *, quiet: bool = False, suspect: bool = False) -> None:
         """Record one event; in strict mode raise on a finding unless ``quiet``.
 
-        Called with the lock held. ``quiet`` is for records made while
+        For this rank's own calls and its :class:`~kvstate.jobrun.JobRun`s
+        (the :class:`~kvstate.jobrun.Rank` interface). Called with
+        :attr:`lock` held. ``quiet`` is for records made while
         another exception is already unwinding: the first error wins.
+        ``suspect``: this rank's own state says the record breaks an
+        invariant, so the audit folds it before the call returns (see
+        :meth:`Recorder.emit`).
         """
-        found = self.recorder.emit(event, self.step)
+        found = self.recorder.emit(event, self.step, suspect)
         if self.policy is not None:
             self.policy.observe(self, event)
         if found and self.strict and not quiet and any(not v.is_warning for v in found):
             self.recorder.flush_before_raising()
             raise_for(found)
+
+    def flush_before_raising(self) -> None:
+        """Put what was recorded on disk before an exception leaves a job."""
+        self.recorder.flush_before_raising()
 
     def begin_step(self, step: int) -> None:
         """The scheduler step whose metadata this rank is processing.
@@ -143,6 +136,9 @@ class WorkerLedger:
         """
         if self.commit_steps:
             self.recorder.commit()
+            auditor = self.recorder.auditor
+            if self.strict and auditor.untaken:  # what the writer's audit found
+                raise_for(auditor.take_new())
         self.step = step
 
     # -- scheduler metadata ----------------------------------------------------------
@@ -150,7 +146,7 @@ class WorkerLedger:
     def register(self, spec: JobSpec) -> None:
         """Enter a job in the ledger. Call before putting it on the queue, so
         no job is ever dequeued unledgered."""
-        with self._lock:
+        with self.lock:
             job = spec.job
             # Job ids only grow (one counter on the scheduler), so an id not
             # above every earlier one was registered before.
@@ -161,7 +157,7 @@ class WorkerLedger:
             self._specs[job] = spec
             if self.recorder.auditor.wants_specs:
                 self._audit_specs[job] = spec
-            self._emit(ev.JobReceived(job=job, rank=self.rank))
+            self.emit(ev.JobReceived(job=job, rank=self.rank))
             self._received += 1
             key = (spec.req, spec.gen)
             pending = self._pending.get(key)
@@ -182,8 +178,8 @@ class WorkerLedger:
 
     def preemption_seen(self, req: str, gen: int) -> None:
         """``(req, gen)`` was preempted or finished: its queued jobs turn stale at once."""
-        with self._lock:
-            self._emit(ev.PreemptionSeen(req=req, gen=gen, rank=self.rank))
+        with self.lock:
+            self.emit(ev.PreemptionSeen(req=req, gen=gen, rank=self.rank))
             newest = self._gens.get(req)
             if newest is None or gen >= newest:
                 # Like the fixed connector: the ended generation's live jobs,
@@ -194,7 +190,7 @@ class WorkerLedger:
 
     def is_live(self, job: int) -> bool:
         """Registered, of the newest generation of its request, not ended, not reported."""
-        with self._lock:
+        with self.lock:
             return self._is_live(job)
 
     def _is_live(self, job: int) -> bool:
@@ -213,15 +209,17 @@ class WorkerLedger:
         True and records nothing: the id belongs to the newer generation now,
         and retiring the old one would be a stale effect on it.
         """
-        with self._lock:
+        with self.lock:
             if self._superseded(req, gen):
                 return True
-            blocked = bool(self._pending.get((req, gen)))
+            outstanding = bool(self._pending.get((req, gen)))
+            blocked = outstanding
             if self.policy is not None:
                 blocked = self.policy.retire_blocked(self, req, gen, blocked)
             if blocked:
                 return False
-            self._emit(ev.RequestRetired(req=req, gen=gen, rank=self.rank))
+            # PREMATURE_RETIRE: a policy let it retire with a job outstanding
+            self.emit(ev.RequestRetired(req=req, gen=gen, rank=self.rank), suspect=outstanding)
             return True
 
     def _superseded(self, req: str, gen: int) -> bool:
@@ -232,7 +230,7 @@ class WorkerLedger:
 
     def newest_gen(self, req: str) -> int | None:
         """The newest generation of ``req`` this rank has seen, or None."""
-        with self._lock:
+        with self.lock:
             return self._gens.get(req)
 
     def saved_offset(self, req: str, gen: int) -> int:
@@ -241,30 +239,30 @@ class WorkerLedger:
         0 when the rank's state for ``req`` belongs to another generation, or
         was dropped when the generation was preempted or finished.
         """
-        with self._lock:
+        with self.lock:
             running = self._running.get(req)
             return running.offset if running is not None and running.gen == gen else 0
 
     def has_retry_tokens(self, req: str, gen: int) -> bool:
         """Whether this rank keeps a token suffix of ``(req, gen)`` for a KV-event retry."""
-        with self._lock:
+        with self.lock:
             running = self._running.get(req)
             return running is not None and running.gen == gen and running.retry is not None
 
     def spec(self, job: int) -> JobSpec | None:
         """The spec of ``job`` while it is registered and not reported, else None."""
-        with self._lock:
+        with self.lock:
             return self._specs.get(job)
 
     def pending_jobs(self, req: str, gen: int) -> list[int]:
         """Jobs of ``(req, gen)`` received here and not reported yet."""
-        with self._lock:
+        with self.lock:
             return sorted(self._pending.get((req, gen), ()))
 
     @property
     def jobs_received(self) -> int:
         """How many jobs this rank has registered so far."""
-        with self._lock:
+        with self.lock:
             return self._received
 
     # -- running a job -----------------------------------------------------------------
@@ -273,10 +271,15 @@ class WorkerLedger:
         """Context manager for one dequeued job; see :class:`JobRun`."""
         return _Run(self, job)
 
-    def _report(self, job: int, *, quiet: bool = False) -> None:
-        with self._lock:
+    def report(self, job: int, *, quiet: bool = False) -> None:
+        with self.lock:
             self._completed[job] = self._completed.get(job, 0) + 1
-            self._emit(ev.JobReported(job=job, rank=self.rank), quiet=quiet)
+            # DOUBLE_REPORT (or UNLEDGERED_JOB): reported already, or never registered
+            self.emit(
+                ev.JobReported(job=job, rank=self.rank),
+                quiet=quiet,
+                suspect=job not in self._specs,
+            )
             spec = self._specs.pop(job, None)
             if spec is None:
                 return
@@ -290,7 +293,7 @@ class WorkerLedger:
             if running is not None:
                 running.live.discard(job)
 
-    def _effect_state(self, job: int) -> _Running | None:
+    def effect_state(self, job: int) -> _Running | None:
         """The state an effect of ``job`` changes: its request's, whatever its
         generation (an unguarded stale effect lands on the newer one: the
         damage the fold shows)."""
@@ -308,7 +311,7 @@ class WorkerLedger:
 
     def take_completed(self) -> dict[int, int]:
         """Completion counts since the last call (this rank's worker metadata)."""
-        with self._lock:
+        with self.lock:
             done, self._completed = self._completed, {}
             return done
 

@@ -4,10 +4,12 @@ exits without close() loses nothing it recorded."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -27,6 +29,16 @@ def run_script(body: str, path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
+
+
+def wait_until_gone(pid: int) -> None:
+    """Until process ``pid`` has ended (it ends by itself: it was handed EOF)."""
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
 
 
 def kinds(path: Path) -> list[str]:
@@ -78,16 +90,21 @@ def test_a_strict_raise_leaves_the_breaching_record_on_disk(tmp_path: Path) -> N
         with worker.run(job):
             pass
         try:
-            worker._report(job)  # a second report: DOUBLE_REPORT
+            worker.report(job)  # a second report: DOUBLE_REPORT
         except DoubleReportError:
+            print(rec.writer.pid, flush=True)
             os._exit(0)  # no atexit, no close: only what was flushed before the raise
+        os._exit(3)  # the strict ledger did not raise at the call
         """,
         path,
     )
     assert done.returncode == 0, done.stderr
-    assert kinds(path)[-2:] == ["job_reported", "job_reported"]
+    wait_until_gone(int(done.stdout.split()[0]))  # the orphaned writer finishes the journal
+    # the breaching record, then what the writer process appends for an
+    # engine that died without closing its journal
+    assert kinds(path)[-3:] == ["job_reported", "job_reported", "engine_crashed"]
     result = replay([str(path)])
-    assert [v.code.value for v in result.violations] == ["DOUBLE_REPORT"]
+    assert [v.code.value for v in result.violations] == ["DOUBLE_REPORT", "CRASH"]
 
 
 def test_an_uncaught_strict_raise_is_journaled_and_not_clean(tmp_path: Path) -> None:

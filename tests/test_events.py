@@ -83,9 +83,10 @@ EXAMPLES: dict[str, dict[str, object]] = {
     "load_verified": {"req": "r", "gen": 0, "key": "k1", "ok": True},
 }
 #: kinds this project adds to the contract (docs/events.md, "Additions")
-ADDED_KINDS = {"key_missing", "key_loaded"}
+ADDED_KINDS = {"key_missing", "key_loaded", "record_refused"}
 EXAMPLES["key_missing"] = {"key": "k1", "reason": "evicted"}
 EXAMPLES["key_loaded"] = {"req": "r1", "gen": 0, "key": "k1", "digest": "9f2c"}
+EXAMPLES["record_refused"] = {"refused": "blocks_assigned", "error": "'blocks' must be ..."}
 
 
 def record(kind: str, payload: dict[str, object], *, seq: int = 7, step: int = 2) -> Record:

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from kvstate import JobSpec, Ledger, Recorder, SchedulerLedger, WorkerLedger
+from kvstate import events as ev
 from kvstate.violations import (
     DoubleReportError,
     EarlyReleaseError,
     InvariantViolation,
+    PoisonedKeyError,
     TableOverrunError,
 )
 from replay import replay
@@ -289,8 +291,10 @@ def test_a_commit_audit_raises_at_a_later_call_within_one_commit(
 ) -> None:
     """With ``audit="commit"`` the caller pays for its guards only; the fold
     runs on each committed batch (on the committing thread, the writer thread,
-    or the writer process) and a strict ledger raises its finding at its next
-    call, with the record already journaled."""
+    or the writer process) and a strict ledger raises a finding no guard
+    decides (a poisoned key the runtime read back) at its next call after the
+    audit of the batch, with the record already journaled. (A breach a guard
+    decides raises at the very call: tests/test_strict.py.)"""
     if where == "memory":
         rec = Recorder.in_memory(block_size=4, world_size=1, audit="commit")
     else:
@@ -300,22 +304,20 @@ def test_a_commit_audit_raises_at_a_later_call_within_one_commit(
         )  # fmt: skip
     sched = SchedulerLedger(rec)
     sched.admit("r", 8)
-    sched.assign_blocks("r", [0], resumed=False)
-    sched.enqueue_store_job("r", 0, 8, ["k0", "k1"])  # overruns the table: not raised yet
+    rec.record(ev.KeyVerified(key="k0", ok=False), sched.step)  # not raised yet
     assert sched.violations == []
-    sched.begin_step()  # the commit: the audit folds the batch
-    if where == "process":
-        # The writer process answers as soon as the batch is durable and folds
-        # it after: its findings come back with the next commit's answer.
-        sched.begin_step()
-    with pytest.raises(TableOverrunError):
-        sched.admit("s", 4)
-    assert [v.code.value for v in sched.violations] == ["TABLE_OVERRUN"]
+    with pytest.raises(PoisonedKeyError):
+        sched.begin_step()  # the commit: the audit folds the batch
+        if where == "process":
+            # The writer process answers as soon as the batch is durable and
+            # folds it after: its findings come back with the next answer.
+            sched.begin_step()
+    assert [v.code.value for v in sched.violations] == ["POISONED_KEY"]
     sched.admit("t", 4)  # reported once: the next call goes on
     rec.close()
     if where != "memory":
         found = replay([str(tmp_path / "j.db")]).violations
-        assert [v.code.value for v in found] == ["TABLE_OVERRUN"]
+        assert [v.code.value for v in found] == ["POISONED_KEY"]
         assert found[0] == sched.violations[0]
 
 

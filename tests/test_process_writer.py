@@ -98,15 +98,16 @@ def test_a_write_error_in_the_writer_process_reaches_the_engine(tmp_path: Path) 
     assert [e.seq for e in _stored(path)] == [1]
 
 
-def test_a_record_the_decoder_refuses_is_still_written_and_named(tmp_path: Path) -> None:
-    # Building an event does not validate it; the writer keeps it as it was
-    # handed over and every reader names its seq.
+def test_a_record_the_decoder_refuses_is_written_as_record_refused(tmp_path: Path) -> None:
+    # Building an event does not validate it; the writer writes, at its seq,
+    # what it refused and why, so every reader can go past it.
     codec = BatchCodec()
     blob = encode_batch([Entry(4, 0, None, ev.JobStarted(job=-5, rank=3))])
     [(seq, kind, _step, rank, _ts, payload)] = codec.rows(blob)
-    assert (seq, kind, rank) == (4, "job_started", 3)
-    with pytest.raises(Exception, match="'job' must be a non-negative integer"):
-        from_stored(seq, kind, 0, rank, None, payload, "j.db")
+    assert (seq, kind, rank) == (4, "record_refused", None)
+    event = from_stored(seq, kind, 0, rank, None, payload, "j.db").event
+    assert isinstance(event, ev.RecordRefused) and event.refused == "job_started"
+    assert "'job' must be a non-negative integer, not -5" in event.error
 
 
 def _wait_until_gone(pid: int) -> None:

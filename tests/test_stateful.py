@@ -52,6 +52,7 @@ from kvstate import JobSpec, Ledger, Recorder, SchedulerLedger, WorkerLedger
 from kvstate.codec import to_record
 from kvstate.harness.legacy import BEFORE_52372, LegacyScheduler, LegacyWorker
 from kvstate.rank import RankLedger
+from kvstate.violations import DECIDED_AT_THE_CALL
 from replay import replay
 
 BLOCK_SIZE = 4
@@ -418,6 +419,12 @@ class LedgerMachine(RuleBasedStateMachine):
             found = self.replay.apply(entry.seq, entry.step, entry.event)
             if self.policy == "kvstate":
                 assert found == [], found
+            # what the guards decide from their own state, they suspected:
+            # a strict ledger raises it at the very call
+            for v in found:
+                if v.code in DECIDED_AT_THE_CALL:
+                    assert v.seq in (self.rec.suspected or ()), (v, entry.event)
+                    event(f"guard suspected {v.code}")
         self.folded = len(entries)
 
     def teardown(self) -> None:

@@ -228,3 +228,35 @@ def test_journals_after_finish_belong_to_a_new_run(observed: Path) -> None:
     (one,), (two,) = observed.glob("*.db"), second.glob("*.db")
     assert one.name == two.name
     assert run_of(str(one)) != run_of(str(two))
+
+
+def test_a_mock_geometry_stands_the_observer_down_and_finish_never_raises(observed: Path) -> None:
+    """Connector unit tests build schedulers whose block_size is a MagicMock:
+    journaled as is, finish() raised TypeError out of the encoder."""
+    from unittest import mock
+
+    sched = SimpleNamespace(_block_size=mock.MagicMock(), _num_workers=1)
+    assert _install._scheduler_observer(sched) is None  # stood down, nothing raised
+    thread = SimpleNamespace(tp_rank=0, block_size=mock.MagicMock())
+    assert _install._worker_observer(thread) is None
+    assert len(_install.failures) == 2
+    assert all("block_size" in f for f in _install.failures)
+    assert list(observed.glob("*.db")) == []  # no journal no reader could read
+    _install.finish()  # never raises
+
+
+def test_a_value_vllm_hands_over_that_the_contract_refuses_keeps_the_journal_readable(
+    observed: Path,
+) -> None:
+    from unittest import mock
+
+    from kvstate import events as ev
+    from replay import replay
+
+    observer = _install._scheduler_observer(scheduler())
+    assert observer is not None
+    observer._record(ev.RequestAdmitted(req="r", gen=0, prompt_tokens=mock.MagicMock()))
+    _install.finish()
+    (path,) = observed.glob("scheduler-*.db")
+    result = replay([str(path)])
+    assert [v.code.value for v in result.violations] == ["RECORD_REFUSED"]
