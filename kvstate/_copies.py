@@ -9,13 +9,14 @@ that.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from .ledger import Ledger
+from ._ledger_state import LedgerState
+
+L = TypeVar("L", bound=LedgerState)
 
 
-def snapshot(ledger: Ledger) -> Ledger:
+def snapshot(ledger: L) -> L:
     """An independent copy to fold on from.
 
     Events and tuples are immutable and shared; every mutable row is copied,
@@ -42,11 +43,11 @@ def snapshot(ledger: Ledger) -> Ledger:
     return new
 
 
-def _parked(ledger: Ledger) -> bool:
+def _parked(ledger: LedgerState) -> bool:
     return ledger.parking is not None and ledger.parking.parked > 0
 
 
-def whole(ledger: Ledger) -> Ledger:
+def whole(ledger: L) -> L:
     """``ledger`` itself when nothing is parked, else a copy with everything back."""
     if not _parked(ledger):
         return ledger
@@ -56,19 +57,7 @@ def whole(ledger: Ledger) -> Ledger:
     return new
 
 
-def folded_state(ledger: Ledger) -> tuple[Any, ...]:
-    """Everything the fold has folded, for equality (the dispatch table is not
-    state, and neither is where parked state happens to be kept)."""
-    return (
-        ledger.observes_workers, ledger.header, ledger.requests, ledger.blocks, ledger.jobs,
-        ledger.ranks, ledger.last_job, ledger.last_job_seq, ledger.step, ledger.records,
-        ledger.last_seq, ledger.last_kind, ledger.crashes, ledger.keys_missing,
-        ledger.foreign_loads, ledger.pinned, ledger.archive.key_log(ledger.last_seq or 0),
-        ledger.reported_once,
-    )  # fmt: skip
-
-
-def to_dict(ledger: Ledger) -> dict[str, Any]:
+def to_dict(ledger: LedgerState) -> dict[str, Any]:
     """The ledger as plain data, parked state included."""
     if _parked(ledger):
         ledger = whole(ledger)

@@ -31,10 +31,11 @@ import attrs
 
 from . import events as ev
 from ._maybe import MaybeSet
+from .rank import BY, ROW, RankState
 from .state import Incarnation, RankJobState, RequestState, StoreJobState, StoreRequestState
 
 if TYPE_CHECKING:
-    from .ledger import Ledger
+    from ._ledger_state import LedgerState as Ledger
     from .rank import RankLedger
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -234,49 +235,37 @@ class Parking:
 
 # -- what a rank keeps for one request --------------------------------------------------
 
-#: its state, newest received and seen generations, and per generation the
-#: end, offset and jobs received
-RankRequestPart = tuple[
-    "StoreRequestState | None",
-    "tuple[int, int] | None",
-    "tuple[int, int] | None",
-    dict[int, int],
-    dict[int, "tuple[int, int]"],
-    dict[int, "tuple[int, ...]"],
-]
+#: what a rank keeps for one request: a value per field of RankState keyed by
+#: request, a {gen: value} per field keyed by incarnation, in field order
+RankRequestPart = tuple[Any, ...]
+#: the fields parked with a request (a job's state is parked with the job)
+_PARKED = tuple(f for f in attrs.fields(RankState) if f.metadata[BY] != "job")
 
 
 def _take_rank_request(rl: RankLedger, req: str, gens: list[int]) -> RankRequestPart | None:
     """Remove and return everything ``rl`` keeps for ``req`` and its ``gens``."""
-    keys = [(req, g) for g in gens]
-    part = (
-        rl.requests.pop(req, None),
-        rl.newest_received.pop(req, None),
-        rl.newest_seen.pop(req, None),
-        {k[1]: rl.ended.pop(k) for k in keys if k in rl.ended},
-        {k[1]: rl.offsets.pop(k) for k in keys if k in rl.offsets},
-        {k[1]: rl.by_incarnation.pop(k) for k in keys if k in rl.by_incarnation},
-    )
-    return part if any(part) else None
+    part: list[Any] = []
+    for field in _PARKED:
+        held = getattr(rl, field.name)
+        if field.metadata[BY] == "req":
+            part.append(held.pop(req, None))
+        else:
+            part.append({g: held.pop((req, g)) for g in gens if (req, g) in held})
+    return tuple(part) if any(v is not None and v != {} for v in part) else None
 
 
 def _put_rank_request(rl: RankLedger, req: str, part: RankRequestPart | None) -> None:
     """Put back what :func:`_take_rank_request` took."""
     if part is None:
         return
-    state, received, seen, ended, offsets, jobs = part
-    if state is not None:
-        rl.requests[req] = state
-    if received is not None:
-        rl.newest_received[req] = received
-    if seen is not None:
-        rl.newest_seen[req] = seen
-    for g, v in ended.items():
-        rl.ended[(req, g)] = v
-    for g, o in offsets.items():
-        rl.offsets[(req, g)] = o
-    for g, j in jobs.items():
-        rl.by_incarnation[(req, g)] = j
+    for field, value in zip(_PARKED, part, strict=True):
+        held = getattr(rl, field.name)
+        if field.metadata[BY] == "req":
+            if value is not None:
+                held[req] = value
+        else:
+            for g, v in value.items():
+                held[(req, g)] = v
 
 
 # -- the packed rows ----------------------------------------------------------------------
@@ -306,6 +295,8 @@ _incarnation_row = _rows(_INCARNATION)
 _job_row = _rows(_JOB)
 _request_row = _rows(_REQUEST)
 _rank_request_row = _rows(_RANK_REQUEST)
+#: a state row as the plain tuple it is parked as, by its class
+_ROW_OF: dict[type, Callable[[Any], tuple[Any, ...]]] = {StoreRequestState: _rank_request_row}
 
 
 def pack_job(job: StoreJobState, on_ranks: dict[int, RankJobState]) -> bytes:
@@ -343,12 +334,19 @@ def unpack_request(blob: bytes) -> tuple[RequestState, dict[int, RankRequestPart
 
 
 def _part_row(part: RankRequestPart | None) -> Any:
+    """A part with its state rows as plain tuples (what pickle packs small)."""
     if part is None:
         return None
-    return (None if part[0] is None else _rank_request_row(part[0]), *part[1:])
+    return tuple(
+        _ROW_OF[f.metadata[ROW]](v) if f.metadata[ROW] is not None and v is not None else v
+        for f, v in zip(_PARKED, part, strict=True)
+    )
 
 
 def _part(row: Any) -> Any:
     if row is None:
         return None
-    return (None if row[0] is None else StoreRequestState(*row[0]), *row[1:])
+    return tuple(
+        f.metadata[ROW](*v) if f.metadata[ROW] is not None and v is not None else v
+        for f, v in zip(_PARKED, row, strict=True)
+    )

@@ -21,7 +21,7 @@ from .state import RUNNING
 from .violations import Code, Violation, finding
 
 if TYPE_CHECKING:
-    from .ledger import Ledger
+    from ._ledger_state import LedgerState as Ledger
 
 
 def check_quiescent(ledger: Ledger, seq: int, out: list[Violation]) -> None:

@@ -26,7 +26,7 @@ from .state import FINISHED, Incarnation, StoreJobState
 from .violations import Code, Violation, finding
 
 if TYPE_CHECKING:
-    from .ledger import Ledger
+    from ._ledger_state import LedgerState as Ledger
 
 Out = list[Violation]
 

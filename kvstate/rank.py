@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+import attrs
+
 from . import events as ev
 from .state import RankJobState, StoreRequestState
 from .violations import Code, JobLike, Violation, finding
@@ -36,30 +38,62 @@ class JobInfo(JobLike, Protocol):
 Out = list[Violation]
 
 
-class RankLedger:
-    """The folded state of one rank: its jobs and its per-request state."""
+#: how a field of :class:`RankState` is keyed, which decides how it is parked
+BY = "kvstate.by"
+#: the state-row class of a field's values (copied with ``.copy()``, parked as rows)
+ROW = "kvstate.row"
+
+
+@attrs.define(slots=False)
+class RankState:
+    """The folded state of one rank, declared once.
+
+    Equality is attrs', and :meth:`RankLedger.clone` and the parking of a
+    settled request (:mod:`kvstate._parking`) walk these fields, each by how
+    it is keyed: a new field is one line here.
+    """
+
+    jobs: dict[int, RankJobState] = attrs.field(
+        factory=dict, metadata={BY: "job", ROW: RankJobState}
+    )
+    requests: dict[str, StoreRequestState] = attrs.field(
+        factory=dict, metadata={BY: "req", ROW: StoreRequestState}
+    )
+    #: (req, gen) -> seq of the preemption_seen that ended it on this rank
+    ended: dict[tuple[str, int], int] = attrs.field(
+        factory=dict, metadata={BY: "incarnation", ROW: None}
+    )
+    #: (req, gen) -> (last saved offset, its seq), for OFFSET_REWOUND
+    offsets: dict[tuple[str, int], tuple[int, int]] = attrs.field(
+        factory=dict, metadata={BY: "incarnation", ROW: None}
+    )
+    #: req -> (greatest gen of a job received here, the seq of that receipt)
+    newest_received: dict[str, tuple[int, int]] = attrs.field(
+        factory=dict, metadata={BY: "req", ROW: None}
+    )
+    #: req -> (greatest gen any record here named, its seq): receipts and preemption notices
+    newest_seen: dict[str, tuple[int, int]] = attrs.field(
+        factory=dict, metadata={BY: "req", ROW: None}
+    )
+    #: (req, gen) -> jobs of that incarnation received here (tuples: snapshots share them)
+    by_incarnation: dict[tuple[str, int], tuple[int, ...]] = attrs.field(
+        factory=dict, metadata={BY: "incarnation", ROW: None}
+    )
+
+
+class RankLedger(RankState):
+    """The folded state of one rank (:class:`RankState`) and the records that change it."""
 
     def __init__(
         self, rank: int, jobs: Mapping[int, JobInfo], *, knows_all_jobs: bool = True
     ) -> None:
+        super().__init__()
         self.rank = rank
         self._info = jobs
         #: replay sees every enqueue, so a job missing from ``jobs`` was never
         #: enqueued (CAUSALITY); a live worker knows only the jobs it
         #: registered, so there a missing job ran unregistered (UNLEDGERED_JOB)
         self.knows_all_jobs = knows_all_jobs
-        self.jobs: dict[int, RankJobState] = {}
-        self.requests: dict[str, StoreRequestState] = {}
-        #: (req, gen) -> seq of the preemption_seen that ended it on this rank
-        self.ended: dict[tuple[str, int], int] = {}
-        #: (req, gen) -> (last saved offset, its seq), for OFFSET_REWOUND
-        self.offsets: dict[tuple[str, int], tuple[int, int]] = {}
-        #: req -> (greatest gen of a job received here, the seq of that receipt)
-        self.newest_received: dict[str, tuple[int, int]] = {}
-        #: req -> (greatest gen any record here named, its seq): receipts and preemption notices
-        self.newest_seen: dict[str, tuple[int, int]] = {}
-        #: (req, gen) -> jobs of that incarnation received here (tuples: snapshots share them)
-        self.by_incarnation: dict[tuple[str, int], tuple[int, ...]] = {}
         #: job -> its key chain as key -> first position, built at the job's
         #: first KV event (a lookup per event, not a scan: a job may have
         #: hundreds of thousands of keys); a cache, not folded state
@@ -463,31 +497,25 @@ class RankLedger:
         return rj
 
     def __eq__(self, other: object) -> bool:
-        """Equal when every piece of this rank's folded state is (the job descriptions
-        are the ledger's, compared there)."""
+        """Equal when every field of :class:`RankState` is, and the rank (the job
+        descriptions are the ledger's, compared there)."""
         if not isinstance(other, RankLedger):
             return NotImplemented
-        mine = (self.rank, self.knows_all_jobs, self.jobs, self.requests, self.ended)
-        theirs = (other.rank, other.knows_all_jobs, other.jobs, other.requests, other.ended)
-        return mine == theirs and (
-            self.offsets,
-            self.newest_received,
-            self.newest_seen,
-            self.by_incarnation,
-        ) == (other.offsets, other.newest_received, other.newest_seen, other.by_incarnation)
+        same = (self.rank, self.knows_all_jobs) == (other.rank, other.knows_all_jobs)
+        return same and RankState.__eq__(self, other) is True
 
-    __hash__ = None  # type: ignore[assignment]  # mutable
+    __hash__ = None  # mutable
 
     def clone(self, jobs: Mapping[int, JobInfo]) -> RankLedger:
         """A copy of this rank's state, reading job descriptions from ``jobs``."""
         new = RankLedger(self.rank, jobs, knows_all_jobs=self.knows_all_jobs)
-        new.jobs = {job: rj.copy() for job, rj in self.jobs.items()}
-        new.requests = {req: st.copy() for req, st in self.requests.items()}
-        new.ended = dict(self.ended)
-        new.offsets = dict(self.offsets)
-        new.by_incarnation = dict(self.by_incarnation)
-        new.newest_received = dict(self.newest_received)
-        new.newest_seen = dict(self.newest_seen)
+        for field in attrs.fields(RankState):
+            value = getattr(self, field.name)
+            if field.metadata[ROW] is not None:
+                value = {key: row.copy() for key, row in value.items()}
+            else:
+                value = dict(value)
+            setattr(new, field.name, value)
         return new
 
     def to_dict(self) -> dict[str, Any]:

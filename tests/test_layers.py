@@ -137,3 +137,58 @@ def test_the_top_level_face_is_small_and_every_error_shares_one_base() -> None:
         for _name, cls in inspect.getmembers(module, inspect.isclass):
             if issubclass(cls, Exception) and cls.__module__ == module.__name__:
                 assert issubclass(cls, kvstate.KvstateError), cls
+
+
+def core_graph() -> dict[str, set[str]]:
+    """The core's modules and which of them each imports, type-checking imports included."""
+    core = {m: p for m, p in modules() if layer(m) == "core"}
+    graph: dict[str, set[str]] = {}
+    for module, path in core.items():
+        found = set()
+        for name, _line in imports(module, path):
+            # ``from .x import Y``: the module x (Y may be a name in it)
+            while name and name not in core:
+                name = name.rpartition(".")[0]
+            if name and name != module and name != "kvstate":
+                found.add(name)
+        graph[module] = found
+    return graph
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph``, as the modules along it, or None."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_core_has_no_import_cycle() -> None:
+    """A helper module is a leaf of its own concept: it imports neither the
+    ledger nor the worker that use it, not even for typing."""
+    found = cycle(core_graph())
+    assert found is None, " -> ".join(found or ())
+
+
+def test_the_cycle_check_catches_a_cycle() -> None:
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) is None

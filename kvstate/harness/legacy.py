@@ -30,9 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvstate import events as ev
-from kvstate.policy import SchedulerPolicy, WorkerPolicy
-from kvstate.scheduler import SchedulerLedger
-from kvstate.worker import JobSpec, WorkerLedger
+from kvstate.jobspec import JobSpec
+from kvstate.policy import SchedulerPolicy, SchedulerView, WorkerPolicy, WorkerView
 
 #: the policies a harness can run: the fixed connector, and the old one
 POLICIES = ("kvstate", "legacy")
@@ -82,7 +81,7 @@ class LegacyScheduler(SchedulerPolicy):
         # (#54853), as req -> the step it last got blocks.
         self._assigned: dict[str, int] = {}
 
-    def observe(self, ledger: SchedulerLedger, event: ev.Event) -> None:
+    def observe(self, ledger: SchedulerView, event: ev.Event) -> None:
         kind = type(event)
         if kind is ev.RequestAdmitted or kind is ev.RequestResumed:
             self._trackers.add(event.req)  # type: ignore[attr-defined]
@@ -94,7 +93,7 @@ class LegacyScheduler(SchedulerPolicy):
         elif kind is ev.BlocksAssigned:
             self._assigned[event.req] = ledger.step  # type: ignore[attr-defined]
 
-    def finish_hold(self, ledger: SchedulerLedger, req: str, fixed: bool) -> bool:
+    def finish_hold(self, ledger: SchedulerView, req: str, fixed: bool) -> bool:
         if "tracker-assert" in self.bugs and req not in self._trackers:
             raise LegacyCrash("AssertionError: assert tracker is not None (request_finished)")
         if "no-pins" not in self.bugs:
@@ -103,18 +102,18 @@ class LegacyScheduler(SchedulerPolicy):
         # saves are outstanding; preemption has no such hook.
         return fixed or ledger.outstanding(req)
 
-    def finished_sending(self, ledger: SchedulerLedger, req: str) -> None:
+    def finished_sending(self, ledger: SchedulerView, req: str) -> None:
         """The worker reported ``req`` done: the delayed free finally happens."""
         ledger.current_gen(req, "finished_sending")
         for gen in ledger.held_generations(req):
             ledger.release_held(req, gen)
 
-    def assign_mode(self, ledger: SchedulerLedger, req: str, fixed: ev.Mode) -> ev.Mode:
+    def assign_mode(self, ledger: SchedulerView, req: str, fixed: ev.Mode) -> ev.Mode:
         if "local-preempted-set" not in self.bugs:
             return fixed
         return "replace" if req in self._preempted_ids else "append"
 
-    def job_table(self, ledger: SchedulerLedger, req: str, fixed: list[int]) -> list[int]:
+    def job_table(self, ledger: SchedulerView, req: str, fixed: list[int]) -> list[int]:
         if "new-blocks-snapshot" in self.bugs and self._assigned.get(req) != ledger.step:
             raise LegacyCrash(
                 f"AssertionError: no block ids for {req} in kv_connector_block_state "
@@ -122,9 +121,7 @@ class LegacyScheduler(SchedulerPolicy):
             )
         return fixed
 
-    def job_pins(
-        self, ledger: SchedulerLedger, req: str, fixed: tuple[int, ...]
-    ) -> tuple[int, ...]:
+    def job_pins(self, ledger: SchedulerView, req: str, fixed: tuple[int, ...]) -> tuple[int, ...]:
         if "no-pins" not in self.bugs:
             return fixed
         return ()  # nothing pins a job's blocks: preemption frees them under the PUT
@@ -139,7 +136,7 @@ class LegacyWorker(WorkerPolicy):
         # after resume, so an old generation's job decrements the new one.
         self._count: dict[str, int] = {}
 
-    def observe(self, ledger: WorkerLedger, event: ev.Event) -> None:
+    def observe(self, ledger: WorkerView, event: ev.Event) -> None:
         kind = type(event)
         if kind is ev.JobReceived or kind is ev.JobReported:
             spec = ledger.spec(event.job)  # type: ignore[attr-defined]
@@ -152,19 +149,19 @@ class LegacyWorker(WorkerPolicy):
         elif kind is ev.PreemptionSeen or kind is ev.RequestRetired:
             self._count.pop(event.req, None)  # type: ignore[attr-defined]
 
-    def retire_blocked(self, ledger: WorkerLedger, req: str, gen: int, fixed: bool) -> bool:
+    def retire_blocked(self, ledger: WorkerView, req: str, gen: int, fixed: bool) -> bool:
         """``finished_sending`` once the request's counter reaches zero."""
         if "req-id-counter" not in self.bugs:
             return fixed
         return self._count.get(req, 0) > 0
 
-    def live_at_start(self, ledger: WorkerLedger, job: int, fixed: bool) -> bool:
+    def live_at_start(self, ledger: WorkerView, job: int, fixed: bool) -> bool:
         if "req-id-counter" not in self.bugs:
             return fixed
         spec = ledger.spec(job)
         return spec is not None and spec.req in self._count
 
-    def effect_allowed(self, ledger: WorkerLedger, job: int, fixed: bool) -> bool:
+    def effect_allowed(self, ledger: WorkerView, job: int, fixed: bool) -> bool:
         if self.bugs.isdisjoint({"req-id-counter", "unguarded-effects"}):
             return fixed
         return True
