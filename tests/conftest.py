@@ -35,3 +35,11 @@ def _wide_reports(monkeypatch: pytest.MonkeyPatch) -> None:
     read what a report says, so they give it room for whole lines; the
     width itself is tested in test_report.py, without ``COLUMNS``."""
     monkeypatch.setenv("COLUMNS", "160")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fleet-check's default facts folder is the user's cache: a test's own here."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))

@@ -373,3 +373,16 @@ def test_the_ray_switch_never_takes_the_path_for_an_address(command: str) -> Non
     args = build_parser().parse_args([command, "--ray-address", "ray://head:10001", "runs/"])
     assert args.paths == ["runs/"] and ray_address(args) == "ray://head:10001"
     assert ray_address(build_parser().parse_args([command, "runs/"])) is False
+
+
+def test_fleet_check_writes_nothing_into_the_folder_it_checks(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = sorted(p.name for p in fleet.iterdir())
+    main(["fleet-check", str(fleet)])
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in fleet.iterdir()) == before
+    for name in before:  # every run named with its files
+        assert name in out
+    cache = Path(os.environ["XDG_CACHE_HOME"]) / "kvstate" / "facts"
+    assert any(cache.rglob("*.parquet"))

@@ -71,3 +71,19 @@ def test_zoo_command_writes_journals_that_replay_as_documented(
         assert main(["replay", "--json", str(legacy)]) == 1
         report = json.loads(capsys.readouterr().out)
         assert report["violations"][0]["code"] == CASES[name].expected
+
+
+def test_zoo_without_out_never_stops_on_an_earlier_run_and_shows_whole_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["zoo"]) == 0
+    first = capsys.readouterr().out
+    assert main(["zoo", "poisoned-read"]) == 0  # the first run's journals stay, untouched
+    second = capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zoo", "zoo-2"]
+    assert "zoo-2/poisoned-read.legacy.jsonl" in " ".join(second.split())
+    assert len(list((tmp_path / "zoo").iterdir())) == 2 * len(CASES)
+    for name in CASES:  # at 80 columns, every name whole (it is what one types next)
+        assert name in first, first

@@ -4,6 +4,7 @@ keys one run poisoned that another run loaded."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 from collections.abc import Iterator
@@ -46,8 +47,9 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument(
         "--facts",
         metavar="DIR",
-        help="where each run's facts go, one Parquet file per run (default: kvstate-facts "
-        "under the first PATH that is a folder, else beside the first journal); an "
+        help="where each run's facts go, one Parquet file per run (default: a folder of "
+        "$XDG_CACHE_HOME/kvstate/facts, or ~/.cache/kvstate/facts, for the first PATH that "
+        "is a folder, else the first journal's; never inside the folder checked); an "
         "unchanged run's facts are reused",
     )
     add_worker_options(p)
@@ -65,12 +67,20 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def _facts_dir(args: argparse.Namespace) -> str:
+    """``--facts``, else a cache folder of the user's own, one per checked folder.
+
+    Never inside the folder being checked: that is the user's evidence (a
+    repository's ``examples/``, an incident's journals), not a place for ours.
+    """
     if args.facts:
         return str(args.facts)
     folder = next((p for p in args.paths if os.path.isdir(p)), None)
     if folder is None:
         folder = os.path.dirname(os.path.abspath(args.paths[0]))
-    return os.path.join(folder, "kvstate-facts")
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    where = os.path.abspath(folder)
+    tag = hashlib.sha256(where.encode()).hexdigest()[:12]
+    return os.path.join(cache, "kvstate", "facts", f"{os.path.basename(where) or 'root'}-{tag}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,7 +145,9 @@ def _print(verdicts: list[RunVerdict], crossed: fleet.CrossRun) -> None:
             print(f"  {v.run}: unusable: {v.error}")
             continue
         codes = ", ".join(f"{code} {n}" for code, n in sorted(v.codes.items())) or "-"
-        line = f"  {v.run}: {v.verdict} ({v.events} records, {len(v.paths)} files) {codes}"
+        # which files the run is: a run's name alone does not say
+        files = ", ".join(v.paths)
+        line = f"  {v.run}: {v.verdict} ({v.events} records in {files}) {codes}"
         if v.unfinished:
             line += " [UNFINISHED: end-of-run checks not run]"
         print(line)

@@ -219,7 +219,9 @@ class Simulation:
         # deterministic, one config is one journal byte for byte, so the run
         # is named by the config; threaded runs differ each time.
         if run is None and config.mode == "deterministic":
-            run = "sim-" + hashlib.sha256(repr(config).encode()).hexdigest()[:16]
+            # against a real store (the live Mooncake demo) it is not a simulated run
+            kind = "sim" if stores is None else "live"
+            run = f"{kind}-" + hashlib.sha256(repr(config).encode()).hexdigest()[:16]
         elif run is None:
             run = uuid.uuid4().hex
         header = ev.JournalOpened(

@@ -33,7 +33,11 @@ def add_parser(sub: Subparsers) -> None:
         "its case's code and every fixed twin is clean.",
     )
     p.add_argument("cases", nargs="*", metavar="CASE", help="case names (default: all)")
-    p.add_argument("--out", default="zoo", help="folder for the journals (default: ./zoo)")
+    p.add_argument(
+        "--out",
+        help="folder for the journals (default: ./zoo, or ./zoo-2, ./zoo-3, ... the first "
+        "that does not exist yet, so a second run never stops on the first one's journals)",
+    )
     p.add_argument("--force", action="store_true", help="replace journals already in --out")
     p.set_defaults(func=run)
 
@@ -47,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"kvstate: error: unknown case(s) {', '.join(unknown)}", file=sys.stderr)
         return EXIT_UNUSABLE
+    if args.out is None:
+        args.out = _fresh("zoo")
     paths = [
         os.path.join(args.out, f"{name}.{policy}.jsonl")
         for name in names
@@ -59,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         return unusable(exc, as_json=False)
     os.makedirs(args.out, exist_ok=True)
     table = Table(box=box.SIMPLE_HEAD)
-    for column in ("case", "upstream", "legacy policy", "kvstate policy"):
+    # the case's name is what a user types next: never cut, the others wrap
+    table.add_column("case", no_wrap=True, min_width=max(map(len, names)))
+    for column in ("upstream", "legacy policy", "kvstate policy"):
         table.add_column(column)
     all_as_expected = True
     for name in names:
@@ -93,3 +101,12 @@ def run(args: argparse.Namespace) -> int:
         ),
     )
     return EXIT_CLEAN if all_as_expected else EXIT_VIOLATIONS
+
+
+def _fresh(base: str) -> str:
+    """``base``, or ``base-2``, ``base-3``, ...: the first name nothing has yet."""
+    name, n = base, 1
+    while os.path.lexists(name):
+        n += 1
+        name = f"{base}-{n}"
+    return name
