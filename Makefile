@@ -47,7 +47,9 @@ vllm-unit-tests: vllm-venvs
 # pytest's summary. The
 # -O pass runs what depends on assertions being stripped: the invariants
 # raise explicit exceptions, and the guards and strict mode must still hold
-# (a bare assert would vanish there). Then the whole suite, real vLLM included.
+# (a bare assert would vanish there). Then the whole suite, each skip with
+# its reason (-rs), and the real-vLLM tests last, one named line each (-v:
+# each takes minutes, and dots said nothing about which one was running).
 O_TESTS := tests/test_violations.py tests/test_ledgers.py tests/test_stateful.py \
 	tests/test_misuse.py tests/test_events.py tests/test_bad_input.py
 test: setup vllm-venvs vllm-unit-tests
@@ -55,7 +57,8 @@ test: setup vllm-venvs vllm-unit-tests
 	$(BIN)/mypy
 	$(BIN)/vulture
 	$(BIN)/python -O -m pytest -p no:cacheprovider -W ignore::pytest.PytestConfigWarning $(O_TESTS)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -rs -m "not vllm"
+	$(BIN)/python -m pytest -rs -v -m vllm
 
 # The quick loop: everything but the real-vLLM suite.
 test-quick: setup

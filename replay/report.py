@@ -240,7 +240,7 @@ def ledger_tables(ledger: Ledger, plain: bool = False) -> list[Table]:
         if state.refs:
             blocks.add_row(_cell(block), _cell(state.refs), _cell(state.epoch))
     jobs = Table(title="Store jobs", box=_box(plain), title_justify="left")
-    for name in ("job", "req/gen", "tokens", "pins", "completions", "released", "ranks"):
+    for name in (*JOB_COLUMNS, "ranks"):
         jobs.add_column(name)
     for _job_id, job in sorted(ledger.jobs.items()):
         lanes = " ".join(f"{r}:{rj.phase}" for r, rj in sorted(job.ranks.items()))
@@ -263,13 +263,19 @@ def ledger_tables(ledger: Ledger, plain: bool = False) -> list[Table]:
     return [requests, blocks, jobs, ranks]
 
 
+#: the columns of :func:`job_cells`
+JOB_COLUMNS = ("job", "req/gen", "tokens", "reads", "pins", "completions", "released")
+
+
 def job_cells(job: StoreJobState) -> list[Text]:
-    """A job's row: id, incarnation, tokens, pins, completions, released (the
-    ledger tables here and the inspector's Jobs view share it)."""
+    """A job's row (:data:`JOB_COLUMNS`): id, incarnation, tokens, the blocks it
+    reads, its pins, completions, released (the ledger tables here and the
+    inspector's Jobs view share it)."""
     return [
         _cell(job.job),
         _cell(f"{job.req}/{job.gen}"),
         _cell(f"{job.token_start}-{job.token_end}"),
+        _cell(list(job.reads)),
         _cell(list(job.pins)),
         _cell(f"{job.completions}/{job.world_size}"),
         _cell("yes" if job.released_seq is not None else "no"),

@@ -274,6 +274,11 @@ class TimeTravel:
         return self.indexed_seq >= self.last_seq
 
     @property
+    def indexing(self) -> bool:
+        """The background pass is still running (it will index further)."""
+        return self._thread is not None and self._thread.is_alive() and not self.indexed
+
+    @property
     def empty(self) -> bool:
         """Indexed to the end without finding a journal_opened record."""
         return self.indexed and self._index_ledger.header is None

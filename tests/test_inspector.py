@@ -635,3 +635,50 @@ def test_the_cursor_row_is_highlighted_and_in_view_on_a_long_journal(tmp_path: P
             assert highlighted == cursor
         else:  # the latest violation up to the cursor
             assert highlighted == app.tt.violations_upto(cursor)[-1].seq == cursor
+
+
+def test_a_wide_timeline_scrolls_a_lane_a_press_and_counts_only_its_own_records(
+    tmp_path: Path,
+) -> None:
+    """At 100 columns rank 1's lane was off screen, right moved one character
+    a press (about 140 of them), shift+right did nothing, the seq column went
+    with the scroll, and the heading counted the violations of every record
+    between the job's first and last (2039 for 39 records)."""
+    from kvstate.harness.sim.runtime import SimConfig, simulate
+
+    path = tmp_path / "run.db"
+    simulate(SimConfig(requests=10, seed=2, policy="legacy", world_size=2), journal=str(path))
+    app = Inspector(str(path), background=True)
+    seen: dict[str, object] = {}
+
+    async def run() -> None:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.pause()
+            app.open_timeline("job", 7)
+            await until(pilot, lambda: getattr(app.screen, "shown", None) is not None, "rows")
+            table = app.screen.query_one("#timeline-table", DataTable)
+            seen["wide"] = table.virtual_size.width > 100
+            seen["fixed"] = table.fixed_columns
+            xs = [table.scroll_x]
+            for key in ("right", "right", "left", "left", "shift+right", "shift+left"):
+                await pilot.press(key)
+                await pilot.pause()
+                xs.append(table.scroll_x)
+            seen["xs"] = xs
+            seen["heading"] = str(app.screen.query_one("#timeline-heading", Static).content)
+            seen["marked"] = sum(
+                any("<- " in str(c) for c in table.get_row_at(i)) for i in range(table.row_count)
+            )
+            seen["rows"] = table.row_count
+
+    asyncio.run(run())
+    app.tt.stop()
+    assert seen["wide"] and seen["fixed"] == 1
+    x0, r1, r2, l1, l2, far, back = seen["xs"]  # type: ignore[misc]
+    assert x0 == 0 and 0 < r1 < r2 and l1 == r1 and l2 == 0 and far >= r2 and back == 0
+    heading = str(seen["heading"])
+    assert f"{seen['rows']:,} records" in heading
+    if seen["marked"]:
+        assert f", {seen['marked']} with violations" in heading
+    else:
+        assert "with violations" not in heading

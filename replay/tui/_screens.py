@@ -7,6 +7,8 @@ Each one keeps the keys pressed while it is open (the inspector's
 
 from __future__ import annotations
 
+import time
+
 from rich.console import RenderableType
 from rich.text import Text
 from textual.app import ComposeResult
@@ -43,6 +45,23 @@ class TextScreen(ModalScreen[None]):
             yield Static(Text(self.heading, style="bold"))
             yield Static(self.body, id="modal-body")
         yield Footer()
+
+    def action_lanes(self, lanes: int) -> None:
+        """Scroll sideways by ``lanes`` columns (the widths of the next ones)."""
+        table = self.query_one("#timeline-table", DataTable)
+        widths = [c.get_render_width(table) for c in table.ordered_columns[1:]]
+        x, edge, target = int(table.scroll_x), 0, None
+        starts = []
+        for width in widths:
+            starts.append(edge)
+            edge += width
+        if lanes > 0:
+            ahead = [s for s in starts if s > x]
+            target = ahead[min(lanes, len(ahead)) - 1] if ahead else x
+        else:
+            behind = [s for s in starts if s < x]
+            target = behind[max(0, len(behind) + lanes)] if behind else 0
+        table.scroll_to(x=target, animate=False)
 
     def action_dismiss(self, result: None = None) -> None:  # type: ignore[override]
         self.dismiss(None)
@@ -81,7 +100,16 @@ class TimelineScreen(ModalScreen[None]):
     the lanes are wider than the terminal.
     """
 
-    BINDINGS = [Binding("escape", "dismiss", "close"), Binding("q", "dismiss", "close")]
+    BINDINGS = [
+        Binding("escape", "dismiss", "close"),
+        Binding("q", "dismiss", "close"),
+        # a lane at a time, not a character: the table's own left/right
+        # moved one cell of text per press (140 presses to reach rank 1)
+        Binding("right", "lanes(1)", "lanes right", priority=True),
+        Binding("left", "lanes(-1)", "lanes left", priority=True),
+        Binding("shift+right", "lanes(4)", "far right", show=False, priority=True),
+        Binding("shift+left", "lanes(-4)", "far left", show=False, priority=True),
+    ]
 
     def __init__(self, tt: TimeTravel, what: str, value: str | int) -> None:
         super().__init__()
@@ -98,7 +126,10 @@ class TimelineScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="modal"):
             yield Static(Text(f"{self.title_text}: reading the journal…"), id="timeline-heading")
-            yield DataTable(id="timeline-table", cursor_type="row", zebra_stripes=True)
+            # the seq column stays when the lanes scroll sideways
+            yield DataTable(
+                id="timeline-table", cursor_type="row", zebra_stripes=True, fixed_columns=1
+            )
         yield Footer()
 
     def on_mount(self) -> None:
@@ -122,8 +153,17 @@ class TimelineScreen(ModalScreen[None]):
                 self.app.call_from_thread(self._progress, entry.seq, last)
         marks: dict[int, list[Violation]] = {}
         if found:
+            # The overview folds in the background: wait until it has passed
+            # the last record shown, or a count read now is a count so far
+            # (it grew between two openings). It watches progress, not time.
+            while self.tt.indexing and self.tt.indexed_seq < found[-1].seq:
+                if worker.is_cancelled:
+                    return
+                time.sleep(0.05)
+            mine = {e.seq for e in found}
             for v in self.tt.violations_between(found[0].seq - 1, found[-1].seq):
-                marks.setdefault(v.seq, []).append(v)
+                if v.seq in mine:  # not another job's records in between
+                    marks.setdefault(v.seq, []).append(v)
         lanes = lanes_of(found)
         rows = [lane_cells(e, lanes, marks.get(e.seq, ())) for e in found]
         if not worker.is_cancelled:
@@ -143,6 +183,23 @@ class TimelineScreen(ModalScreen[None]):
         self.query_one("#timeline-heading", Static).update(heading)
         self.shown = len(rows)
         table.focus()
+
+    def action_lanes(self, lanes: int) -> None:
+        """Scroll sideways by ``lanes`` columns (the widths of the next ones)."""
+        table = self.query_one("#timeline-table", DataTable)
+        widths = [c.get_render_width(table) for c in table.ordered_columns[1:]]
+        x, edge, target = int(table.scroll_x), 0, None
+        starts = []
+        for width in widths:
+            starts.append(edge)
+            edge += width
+        if lanes > 0:
+            ahead = [s for s in starts if s > x]
+            target = ahead[min(lanes, len(ahead)) - 1] if ahead else x
+        else:
+            behind = [s for s in starts if s < x]
+            target = behind[max(0, len(behind) + lanes)] if behind else 0
+        table.scroll_to(x=target, animate=False)
 
     def action_dismiss(self, result: None = None) -> None:  # type: ignore[override]
         self.dismiss(None)

@@ -22,7 +22,7 @@ from rich.text import Text
 
 from kvstate.ledger import Ledger
 from kvstate.violations import Code
-from replay.report import job_cells
+from replay.report import JOB_COLUMNS, job_cells
 from replay.safe import literal, printable
 from replay.timeline import selector
 
@@ -219,10 +219,7 @@ def jobs_view(ledger: Ledger, seq: int, flt: Filter) -> TableView:
     """Store jobs with a lane per rank: pinned (in flight) first, then the most recent."""
     # One lane per rank that wrote records (a header may declare many more).
     ranks = sorted(ledger.ranks) or [0]
-    columns = (
-        "job", "req/gen", "tokens", "pins", "completions", "released",
-        *(f"rank {r}" for r in ranks),
-    )  # fmt: skip
+    columns = (*JOB_COLUMNS, *(f"rank {r}" for r in ranks))
     jobs = [(j, job) for j, job in ledger.jobs.items() if _job_matches(flt, j, job)]
     jobs.sort(key=lambda item: (item[0] in ledger.pinned, item[0]))
     rows: list[tuple[list[Text], Target | None]] = [

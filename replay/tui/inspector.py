@@ -78,7 +78,7 @@ class Inspector(App[None]):
     DataTable { height: 1fr; }
     #timeline-heading { height: auto; }
     #violations-table { height: 1fr; width: 1fr; }
-    #violation-detail { height: 12; border-top: solid $accent; padding: 0 1; }
+    #violation-detail { height: 2fr; min-height: 12; border-top: solid $accent; padding: 0 1; }
     #modal { padding: 1 2; border: round $accent; }
     AskScreen { align: center middle; }
     AskScreen > Static { width: 60; }
@@ -480,11 +480,11 @@ class Inspector(App[None]):
             entry = next(iter(self.tt.entries(seq - 1, seq)), None)
             if entry is not None:
                 records[seq] = entry
-        head = Text(f"{v.code.value} at seq {v.seq}\n", style="bold red")
-        head.append(printable(explain(v, records)), style="")
+        head = Text(f"{v.code.value} at seq {v.seq}", style="bold red")
         chain = sorted({s for s in (*v.chain, v.seq) if s in records})
         lanes = lanes_table([records[s] for s in chain], {v.seq: [v]}, "chain", plain=False)
-        story.update(RichGroup(head, lanes))
+        # the chain first: on a short terminal the words scroll, the records stay
+        story.update(RichGroup(head, lanes, Text(printable(explain(v, records)))))
 
     def _render_events(self) -> None:
         table = self._table("events-table", "seq", "step", "lane", "record", "violations")
