@@ -77,26 +77,56 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Record]:
 
 def read_jsonl_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, Record]]:
     """Like :func:`read_jsonl`, also yielding each record's 1-based line number."""
-    name = os.fspath(path)
-    last_seq: int | None = None
-    last_line = 0
-    with open(name, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise RecordError(f"not UTF-8: {exc.reason}", path=name, line=lineno) from exc
-            if not text.strip():
-                continue
-            record = parse_line(text, path=name, line=lineno)
-            if last_seq is not None and record.seq <= last_seq:
-                raise RecordError(
-                    f"seq {record.seq} does not increase (line {last_line} had seq {last_seq})",
-                    path=name,
-                    line=lineno,
-                )
-            last_seq, last_line = record.seq, lineno
-            yield lineno, record
+    return JsonlReader(path).read(complete=True)
+
+
+class JsonlReader:
+    """The one JSON Lines reader: a file read from where the last call stopped.
+
+    :func:`read_jsonl_lines` reads a whole file with it; a reader that
+    follows a file another process appends to (the inspector's follow mode)
+    calls :meth:`read` again and gets only the lines added since, with the
+    same checks and the same errors.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._offset = 0
+        self._line = 0
+        self._last: tuple[int, int] | None = None  # (seq, line) of the last record
+
+    def read(self, *, complete: bool) -> Iterator[tuple[int, Record]]:
+        """The records of the lines not read yet, with their line numbers.
+
+        ``complete``: the file is whole, and a last line without its newline
+        is a record; otherwise such a line is still being written and is
+        left for the next call.
+        """
+        name = self.path
+        with open(name, "rb") as f:
+            f.seek(self._offset)
+            for raw in f:
+                if not complete and not raw.endswith(b"\n"):
+                    return  # a line still being written
+                self._offset += len(raw)
+                self._line += 1
+                lineno = self._line
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise RecordError(f"not UTF-8: {exc.reason}", path=name, line=lineno) from exc
+                if not text.strip():
+                    continue
+                record = parse_line(text, path=name, line=lineno)
+                last = self._last
+                if last is not None and record.seq <= last[0]:
+                    raise RecordError(
+                        f"seq {record.seq} does not increase (line {last[1]} had seq {last[0]})",
+                        path=name,
+                        line=lineno,
+                    )
+                self._last = (record.seq, lineno)
+                yield lineno, record
 
 
 def dump_record(record: Record) -> str:

@@ -32,6 +32,10 @@ class ReplayResult:
     origin: Origin | None = None
     #: ``--require-idle``: a journal that ends before the engine did is a failure
     require_idle: bool = False
+    #: the records the report tells about (the first violation and its chain),
+    #: kept during the fold; None when the journal was too long to keep them
+    #: while reading it, and they must be read again (:func:`replay.sources.collect`)
+    story: dict[int, Entry] | None = None
     _whole: Ledger | None = attrs.field(default=None, init=False, repr=False)
 
     @property
@@ -88,6 +92,40 @@ class ReplayResult:
 
 #: how many records between two calls of a replay's progress callback
 PROGRESS_EVERY = 16384
+#: records kept while folding until the first violation, for its story: a
+#: journal read once where memory allows (some 50 MB of entries at most)
+STORY_WINDOW = 100_000
+
+
+def story_of(first: Violation) -> set[int]:
+    """The seqs a report tells about for its first violation: it, its chain, the record before."""
+    return {*first.chain, first.seq, first.seq - 1}
+
+
+class _Story:
+    """Keeps the records read so far, until the first violation names its story."""
+
+    def __init__(self) -> None:
+        self.kept: list[Entry] | None = []
+        self.story: dict[int, Entry] | None = None
+
+    def see(self, entry: Entry, found: list[Violation]) -> None:
+        kept = self.kept
+        if kept is None:
+            return
+        kept.append(entry)
+        first = next((v for v in found if not v.is_warning), None)
+        if first is not None:
+            wanted = story_of(first)
+            self.story = {e.seq: e for e in kept if e.seq in wanted}
+            self.kept = None
+        elif len(kept) > STORY_WINDOW:
+            self.kept = None  # too long to keep: the report reads its records again
+
+    def result(self) -> dict[int, Entry] | None:
+        if self.story is not None:
+            return self.story
+        return {} if self.kept is not None else None  # clean and kept whole: no story
 
 
 def folding(items: Iterable[Located], ledger: Ledger) -> Iterator[tuple[Entry, list[Violation]]]:
@@ -112,6 +150,7 @@ def fold_located(
     at: int | None = None,
     progress: Callable[[int], None] | None = None,
     archive: Archive | None = None,
+    story: _Story | None = None,
 ) -> tuple[Ledger, int, list[Violation], list[Violation]]:
     """Fold records in order, stopping after seq ``at`` when given.
 
@@ -127,10 +166,12 @@ def fold_located(
     events = 0
     if at is not None:
         items = itertools.takewhile(lambda item: item.entry.seq <= at, items)
-    for _entry, found in folding(items, ledger):
+    for entry, found in folding(items, ledger):
         if progress is not None and events % PROGRESS_EVERY == 0:
             progress(events)
         events += 1
+        if story is not None:
+            story.see(entry, found)
         for v in found:
             (warnings if v.is_warning else violations).append(v)
     if ledger.header is None:
@@ -155,12 +196,16 @@ def replay(
     if not paths:
         raise RecordError("no journal given")
     stream, origin = open_stream(list(paths))
+    story = _Story()
     try:
         ledger, events, violations, warnings = fold_located(
-            stream, at=at, progress=progress, archive=SpillArchive()
+            stream, at=at, progress=progress, archive=SpillArchive(), story=story
         )
     except RecordError as exc:
         if exc.path is None:
             raise exc.located(path=", ".join(paths)) from None
         raise
-    return ReplayResult(list(paths), ledger, events, violations, warnings, at, origin, require_idle)
+    return ReplayResult(
+        list(paths), ledger, events, violations, warnings, at, origin, require_idle,
+        story=story.result(),
+    )  # fmt: skip

@@ -24,7 +24,7 @@ from kvstate.ledger import Ledger
 from kvstate.state import StoreJobState
 from kvstate.violations import CODE_ORDER, Code, Violation
 
-from .engine import ReplayResult
+from .engine import ReplayResult, story_of
 from .explain import Group, describe, explain, group, lane
 from .safe import literal, printable
 
@@ -286,8 +286,7 @@ def needed_records(result: ReplayResult) -> set[int]:
     """The seqs the report tells about: the first violation and its chain."""
     if not result.violations:
         return set()
-    first = result.violations[0]
-    return {*first.chain, first.seq, first.seq - 1}
+    return story_of(result.violations[0])
 
 
 def render(

@@ -20,8 +20,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import overload
 
-from journal import Journal, RecordError, is_journal_file, parse_line
+from journal import Journal, RecordError, is_journal_file
 from journal.database import BEFORE_FIRST
+from journal.jsonl import JsonlReader
 from kvstate.archive import Archive
 from kvstate.codec import Entry, from_record, from_stored
 from kvstate.ledger import PARK_AFTER, SWEEP_EVERY, Ledger
@@ -81,40 +82,20 @@ class _InMemory:
 
 
 class _LineRecords(_InMemory):
-    """Records of a JSON Lines file, kept in memory; new lines are read on poll."""
+    """Records of a JSON Lines file, kept in memory; new lines are read on poll
+    (by the one JSON Lines reader, :class:`journal.jsonl.JsonlReader`)."""
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
-        self._offset = 0
-        self._line = 0
+        self._reader = JsonlReader(path)
         self._lock = threading.Lock()
         self.poll()
 
     def poll(self) -> None:
-        with self._lock, open(self.path, "rb") as f:
-            f.seek(self._offset)
-            for raw in f:
-                if not raw.endswith(b"\n"):
-                    break  # a line still being written
-                self._offset += len(raw)
-                self._line += 1
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise RecordError(
-                        f"not UTF-8: {exc.reason}", path=self.path, line=self._line
-                    ) from exc
-                if not text.strip():
-                    continue
-                entry = from_record(
-                    parse_line(text, path=self.path, line=self._line),
-                    path=self.path,
-                    line=self._line,
-                )
-                if self._seqs and entry.seq <= self._seqs[-1]:
-                    raise RecordError("seq does not increase", path=self.path, line=self._line)
-                self._entries.append(entry)
-                self._seqs.append(entry.seq)
+        with self._lock:
+            for line, record in self._reader.read(complete=False):
+                self._entries.append(from_record(record, path=self.path, line=line))
+                self._seqs.append(record.seq)
 
     def last_seq(self) -> int:
         self.poll()

@@ -411,3 +411,18 @@ def test_a_huge_value_is_cut_on_the_terminal_and_whole_in_json(tmp_path: Path, c
     out, _ = capsys.readouterr()
     report = json.loads(out)
     assert any(v.get("req") == huge for v in report["violations"])
+
+
+@pytest.mark.parametrize("bad", ["reordered seq", "not UTF-8", "broken json", "duplicated seq"])
+def test_replay_and_the_inspector_read_jsonl_with_one_reader(tmp_path: Path, bad: str) -> None:
+    """The inspector had a JSON Lines parser of its own, with other words for
+    the same bad file; both now read through journal.jsonl.JsonlReader."""
+    from replay.sources import read_path
+    from replay.timetravel import TimeTravel
+
+    path = BAD_INPUTS[bad](tmp_path)
+    with pytest.raises(RecordError) as by_replay:
+        list(read_path(path))
+    with pytest.raises(RecordError) as by_inspector:
+        TimeTravel(str(path))
+    assert str(by_inspector.value) == str(by_replay.value)

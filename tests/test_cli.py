@@ -274,3 +274,41 @@ def test_at_past_the_end_says_so(capsys) -> None:  # type: ignore[no-untyped-def
     assert f"--at 9999 is past the last record (seq {last})" in err
     assert main(["replay", "--at", "3", clean]) == 0
     assert "past the last record" not in capsys.readouterr().err
+
+
+def test_replay_reads_a_journal_once_for_its_verdict_and_its_story(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fold keeps the first violation's records as it reads them; the
+    report no longer reads the journal a second time for them."""
+    from replay import sources
+    from replay.cli import replay as replay_command
+
+    opened: list[str] = []
+    read_path = sources.read_path
+
+    def counted(path):  # type: ignore[no-untyped-def]
+        opened.append(str(path))
+        return read_path(path)
+
+    monkeypatch.setattr(sources, "read_path", counted)
+    monkeypatch.setattr(replay_command, "collect", lambda *a: pytest.fail("read again"))
+    example = Path(__file__).resolve().parent.parent / "examples" / "poisoned_read.jsonl"
+    assert main(["replay", str(example)]) == 1
+    out = capsys.readouterr().out
+    assert opened == [str(example)]
+    assert "POISONED_READ" in out
+
+
+def test_a_journal_too_long_to_keep_reads_its_story_again(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from replay import engine
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "poisoned_read.jsonl"
+    assert main(["replay", str(example)]) == 1
+    kept = capsys.readouterr().out
+    monkeypatch.setattr(engine, "STORY_WINDOW", 2)  # nothing kept past two records
+    assert engine.replay([str(example)]).story is None
+    assert main(["replay", str(example)]) == 1
+    assert capsys.readouterr().out == kept  # the same report, its records read again

@@ -93,10 +93,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(result.to_dict()))
     else:
-        try:
-            records = collect(args.paths, needed_records(result))
-        except (JournalError, OSError):
-            records = {}  # the verdict stands; the story just has fewer details
+        records = result.story  # kept while folding: the journal is read once
+        if records is None:  # too long to keep: read the few records again
+            try:
+                records = collect(args.paths, needed_records(result))
+            except (JournalError, OSError):
+                records = {}  # the verdict stands; the story just has fewer details
         print_report(result, records, show_all=args.all, limit=args.limit)
     return result.exit_status
 
