@@ -35,13 +35,13 @@ vllm-demo: setup vllm-venvs
 	$(BIN)/kvstate vllm-demo --out vllm-demo --force
 
 vllm-venvs: setup
-	$(BIN)/python -m kvstate.harness.vllm.venvs
+	$(BIN)/python -m kvstate.harness.vllm_engine.venvs
 
 # vLLM 0.32.0's own scheduler unit tests, from the release's source
 # distribution (pinned by SHA-256) into its venv; tests/test_vllm_upstream.py
 # runs them with and without the observer.
 vllm-unit-tests: vllm-venvs
-	$(BIN)/python -m kvstate.harness.vllm.upstream --fetch
+	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --fetch
 
 # ruff, mypy and the dead-code check first, so the last line CI prints is
 # pytest's summary. The

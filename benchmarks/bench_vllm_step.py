@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from kvstate.harness.live.master import MooncakeMaster
-from kvstate.harness.vllm import venvs
-from kvstate.harness.vllm.demo import run_engine, store_env
+from kvstate.harness.vllm_engine import venvs
+from kvstate.harness.vllm_engine.runs import run_engine, store_env
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = {
@@ -38,7 +38,7 @@ WORKLOAD = {
 
 def profiled_run(release: str = "0.32.0") -> dict[str, Any] | None:
     """One journaled run with the engine thread's CPU split between kvstate and vLLM
-    (:mod:`kvstate.harness.vllm.cpu_profile`); None when the venv is not built."""
+    (:mod:`kvstate.harness.vllm_engine.cpu_profile`); None when the venv is not built."""
     venv = venvs.venv_path(ROOT, release)
     if not venvs.is_ready(venv, release):
         return None

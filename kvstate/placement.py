@@ -38,8 +38,8 @@ from journal import Journal, JournalWriter, ProcessWriter
 from journal.writing import Writer
 
 from .audit import Auditor
-from .batches import decode_report, encode_batch
 from .codec import Entry, to_row
+from .writer_codec import decode_report, encode_batch
 
 
 @attrs.frozen
@@ -76,7 +76,7 @@ def place(
         writer: Writer[Entry] = ProcessWriter(
             path,
             encode_batch,
-            "kvstate.batches:BatchCodec",
+            "kvstate.writer_codec:BatchCodec",
             synchronous=synchronous,
             # read when the process starts (at the first commit), once the
             # ledgers that record here are attached

@@ -29,68 +29,14 @@ with a wrong answer.
 
 from __future__ import annotations
 
-import os
-import sqlite3
 from collections.abc import Iterator
-from typing import Any
 
 from kvstate.archive import Archive, Key
-from kvstate.errors import TemporaryStorageError
 
-#: buffered writes per batch
-_BATCH = 4096
-
-
-def _open(schema: str) -> sqlite3.Connection | None:
-    """A private temporary database ("" in SQLite: on disk, deleted on close)."""
-    try:
-        db = sqlite3.connect("", isolation_level=None, check_same_thread=False)
-        # MEMORY, not OFF: a batch the full disk refuses must roll back cleanly.
-        db.executescript("PRAGMA journal_mode = MEMORY; PRAGMA synchronous = OFF;" + schema)
-    except sqlite3.Error:
-        return None
-    return db
-
-
-def _insert(db: sqlite3.Connection | None, sql: str, rows: list[Any]) -> bool:
-    """Insert a batch; False when the temporary database cannot take it."""
-    if db is None:
-        return False
-    try:
-        db.execute("BEGIN")
-        db.executemany(sql, rows)
-        db.execute("COMMIT")
-    except sqlite3.Error:
-        try:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass
-        return False
-    return True
-
-
-def _where() -> str:
-    """Where SQLite puts a temporary database on Unix (its own search order)."""
-    for name in ("SQLITE_TMPDIR", "TMPDIR"):
-        if os.environ.get(name):
-            return f"{os.environ[name]} (${name})"
-    return "/var/tmp, /usr/tmp or /tmp"
-
-
-def _read(db: sqlite3.Connection | None, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-    if db is None:
-        return []
-    try:
-        return db.execute(sql, args).fetchall()
-    except sqlite3.Error as exc:
-        # The environment failed, not the journal: never an answer without
-        # what was parked, and never blamed on the input.
-        raise TemporaryStorageError(
-            f"kvstate's temporary storage in {_where()} cannot be read back "
-            f"({exc}): free space there or set TMPDIR to a roomier place; the journal is "
-            "not at fault"
-        ) from exc
+from .tempdb import BATCH as _BATCH
+from .tempdb import insert as _insert
+from .tempdb import open_temp as _open
+from .tempdb import read as _read
 
 
 class SpillArchive(Archive):
@@ -226,60 +172,5 @@ class SpillArchive(Archive):
 
     def close(self) -> None:
         """Close the database; SQLite deletes its file."""
-        if self._db is not None:
-            self._db.close()
-
-
-class ViolationSpool:
-    """Findings kept on disk in the order found, for reports that print them all.
-
-    Holds ``(seq, code, message)`` rows in a private temporary SQLite database
-    (deleted when closed), so printing every violation of a journal full of
-    them costs no memory per violation; if the database cannot be written,
-    the rest are kept in memory.
-    """
-
-    def __init__(self) -> None:
-        self._db = _open("CREATE TABLE found (seq INTEGER, code TEXT, message TEXT);")
-        self._pending: list[tuple[int, str, str]] = []
-        self._stuck = self._db is None
-        self._count = 0
-
-    def add(self, seq: int, code: str, message: str) -> None:
-        self._pending.append((seq, code, message))
-        self._count += 1
-        if len(self._pending) >= _BATCH and not self._stuck:
-            self._flush()
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __iter__(self) -> Iterator[tuple[int, str, str]]:
-        """Every row in the order added: those on disk in pages, then those in memory."""
-        self._flush()
-        last = 0
-        while True:
-            page = _read(
-                self._db,
-                "SELECT rowid, seq, code, message FROM found WHERE rowid > ? ORDER BY rowid "
-                "LIMIT 4096",
-                (last,),
-            )
-            if not page:
-                break
-            for _rowid, seq, code, message in page:
-                yield seq, code, message
-            last = page[-1][0]
-        yield from self._pending
-
-    def _flush(self) -> None:
-        if not self._pending or self._stuck:
-            return
-        if _insert(self._db, "INSERT INTO found VALUES (?, ?, ?)", self._pending):
-            self._pending = []
-        else:
-            self._stuck = True
-
-    def close(self) -> None:
         if self._db is not None:
             self._db.close()

@@ -1,5 +1,5 @@
 """Offline replay of kvstate journals: the engine, reports and the command line."""
 
-from .engine import ReplayResult, replay
+from .verdict import ReplayResult, replay
 
 __all__ = ["ReplayResult", "replay"]

@@ -25,9 +25,9 @@ from kvstate.codec import Entry
 from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
 
-from .engine import folding
 from .explain import describe
 from .sources import open_stream
+from .verdict import folding
 
 SCHEDULER_PID = 1
 SENDING_TID = 1

@@ -34,8 +34,8 @@ from journal import atomic_output
 from kvstate import events as ev
 from kvstate.violations import Code
 
-from .engine import replay
 from .sources import open_stream
+from .verdict import replay
 
 FACT_COLUMNS = (
     ("run", "string"),

@@ -24,9 +24,9 @@ from kvstate.ledger import Ledger
 from kvstate.state import StoreJobState
 from kvstate.violations import CODE_ORDER, Code, Violation
 
-from .engine import ReplayResult, story_of
 from .explain import Group, describe, explain, group, lane
 from .safe import literal, printable
+from .verdict import ReplayResult, story_of
 
 _ENTITY_COLUMNS = ("job", "req", "gen", "rank", "block", "key")
 

@@ -15,9 +15,9 @@ from kvstate.codec import Entry, to_dict
 from kvstate.ledger import Ledger
 from kvstate.violations import Violation
 
-from .engine import replay
 from .explain import describe, lane
 from .sources import entries
+from .verdict import replay
 
 
 @attrs.frozen

@@ -10,8 +10,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def mooncake_master() -> Iterator[object]:
-    from kvstate.harness.live.demo import mooncake_problem
     from kvstate.harness.live.master import MooncakeMaster
+    from kvstate.harness.live.mooncake_demo import mooncake_problem
 
     problem = mooncake_problem()
     if problem is not None:

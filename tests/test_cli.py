@@ -303,7 +303,7 @@ def test_replay_reads_a_journal_once_for_its_verdict_and_its_story(
 def test_a_journal_too_long_to_keep_reads_its_story_again(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from replay import engine
+    from replay import verdict as engine
 
     example = Path(__file__).resolve().parent.parent / "examples" / "poisoned_read.jsonl"
     assert main(["replay", str(example)]) == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from kvstate.harness.vllm.cpu_profile import Attribution, summary
+from kvstate.harness.vllm_engine.cpu_profile import Attribution, summary
 
 
 def burn(n: int) -> int:

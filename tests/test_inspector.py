@@ -24,9 +24,9 @@ from kvstate import JobSpec, Recorder, SchedulerLedger, WorkerLedger
 from kvstate.codec import to_record
 from kvstate.harness.zoo import CASES, run_case
 from replay.cli import main
-from replay.engine import replay
 from replay.timetravel import TimeTravel
 from replay.tui.inspector import Inspector
+from replay.verdict import replay
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from kvstate.harness.live.demo import run_policy
 from kvstate.harness.live.master import MooncakeMaster
+from kvstate.harness.live.mooncake_demo import run_policy
 from kvstate.harness.sim.runtime import SimConfig
-from kvstate.harness.vllm.progress import Stall, cpu_ticks
+from kvstate.harness.vllm_engine.progress import Stall, cpu_ticks
 from replay import replay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def _until(
 ) -> None:
     """Wait until ``done()``; fail only when ``watched()`` (CPU ticks, a journal's
     length) stood still for ``stall_s`` seconds. A loaded machine makes the wait
-    longer, never a failure (the demo's watchdog rule, kvstate.harness.vllm.progress)."""
+    longer, never a failure (the demo's watchdog rule, kvstate.harness.vllm_engine.progress)."""
     stall = Stall(stall_s, watched(), time.monotonic())
     while not done():
         if stall.stalled(watched(), time.monotonic()):

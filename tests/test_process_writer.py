@@ -13,11 +13,11 @@ import pytest
 
 from journal import Journal, JournalError, ProcessWriter
 from kvstate import events as ev
-from kvstate.batches import ORPHANED, BatchCodec, encode_batch
 from kvstate.codec import Entry, from_stored
-from kvstate.harness.vllm.progress import Stall
+from kvstate.harness.vllm_engine.progress import Stall
 from kvstate.recorder import Recorder
-from replay.engine import replay
+from kvstate.writer_codec import ORPHANED, BatchCodec, encode_batch
+from replay.verdict import replay
 
 
 def _events(n: int) -> list[ev.Event]:
@@ -86,7 +86,9 @@ def test_a_killed_engine_loses_nothing_it_handed_over(tmp_path: Path) -> None:
 def test_a_write_error_in_the_writer_process_reaches_the_engine(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     Journal(path).close()
-    writer: ProcessWriter[Entry] = ProcessWriter(path, encode_batch, "kvstate.batches:BatchCodec")
+    writer: ProcessWriter[Entry] = ProcessWriter(
+        path, encode_batch, "kvstate.writer_codec:BatchCodec"
+    )
     writer.append(Entry(1, 0, None, ev.EngineIdle()))
     writer.commit()
     writer.append(Entry(1, 0, None, ev.EngineIdle()))  # seq 1 again

@@ -5,7 +5,7 @@ touch a reused request id, and every rank must report before blocks free."""
 
 from __future__ import annotations
 
-from kvstate.harness.sim.engine import Request
+from kvstate.harness.sim.batching import Request
 from kvstate.harness.sim.runtime import SimConfig, Simulation
 from kvstate.ledger import Ledger
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstate.harness.vllm import upstream
+from kvstate.harness.vllm_engine import upstream
 
 RELEASE = "0.32.0"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstate.harness.vllm import venvs
+from kvstate.harness.vllm_engine import venvs
 
 
 def test_pins_leave_out_what_the_cpu_engine_never_loads() -> None:

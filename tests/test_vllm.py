@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from replay.engine import replay
 from replay.sources import entries
+from replay.verdict import replay
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,8 +157,8 @@ def test_watchdog_ends_a_run_with_a_crash_not_a_hang(tmp_path: Path) -> None:
 def test_install_journals_vllms_own_connector_class(tmp_path: Path) -> None:
     """``install()`` with vLLM's own connector name: the same journal, no subclass."""
     from kvstate.harness.live.master import MooncakeMaster
-    from kvstate.harness.vllm import venvs
-    from kvstate.harness.vllm.demo import run_engine, store_env
+    from kvstate.harness.vllm_engine import venvs
+    from kvstate.harness.vllm_engine.runs import run_engine, store_env
 
     python = venvs.python_of(venvs.ensure(ROOT, "0.32.0"))
     journals = tmp_path / "journals"
@@ -206,8 +206,8 @@ def test_two_ranks_in_processes_of_their_own(tmp_path: Path, release: str) -> No
 
     from kvstate import events as ev
     from kvstate.harness.live.master import MooncakeMaster
-    from kvstate.harness.vllm import venvs
-    from kvstate.harness.vllm.demo import run_engine, store_env
+    from kvstate.harness.vllm_engine import venvs
+    from kvstate.harness.vllm_engine.runs import run_engine, store_env
 
     python = venvs.python_of(venvs.ensure(ROOT, release))
     journals = tmp_path / "journals"

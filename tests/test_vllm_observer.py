@@ -112,8 +112,8 @@ def test_a_journal_that_meets_lifecycles_in_flight_says_so_and_claims_nothing() 
     begin) and ends without engine_idle, so replay says UNFINISHED."""
     from kvstate import Recorder
     from kvstate.vllm._scheduler import SchedulerObserver
-    from replay.engine import fold_located
     from replay.sources import Located
+    from replay.verdict import fold_located
 
     rec = Recorder.in_memory(block_size=16, world_size=1)
     observer = SchedulerObserver(rec, block_size=16, world_size=1, numbering=False)
@@ -175,8 +175,8 @@ def _ends(observer_steps: list[str]) -> tuple[list[str], list[str], list[str]]:
     its kinds, its violation codes, its warning codes."""
     from kvstate import Recorder
     from kvstate.vllm._scheduler import SchedulerObserver
-    from replay.engine import fold_located
     from replay.sources import Located
+    from replay.verdict import fold_located
 
     rec = Recorder.in_memory(block_size=16, world_size=1)
     observer = SchedulerObserver(rec, block_size=16, world_size=1, numbering=False)

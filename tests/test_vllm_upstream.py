@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from kvstate.harness.vllm import upstream
+from kvstate.harness.vllm_engine import upstream
 from kvstate.violations import Code
-from replay.engine import replay
 from replay.runs import group
+from replay.verdict import replay
 
 ROOT = Path(__file__).resolve().parent.parent
 

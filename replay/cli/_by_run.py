@@ -16,9 +16,9 @@ from rich.console import Console
 
 from journal import JournalError
 
-from ..engine import replay
 from ..report import needed_records, print_report, report_console
 from ..sources import collect
+from ..verdict import replay
 from ._common import EXIT_UNUSABLE, ray_address, to_json, unusable
 
 

@@ -10,11 +10,11 @@ import sys
 from journal import JournalError, atomic_output, refuse_existing, write_jsonl
 from kvstate.codec import to_record
 
-from ..engine import replay
 from ..minimize import minimize as shrink
 from ..progress import records_progress
 from ..report import needed_records, print_report, report_console
 from ..sources import collect, entries
+from ..verdict import replay
 from ._common import (
     EXIT_CLEAN,
     EXIT_VIOLATIONS,

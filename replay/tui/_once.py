@@ -17,13 +17,14 @@ from rich.console import Console
 from rich.text import Text
 
 from kvstate.ledger import Ledger
-from kvstate.spill import SpillArchive, ViolationSpool
+from kvstate.spill import SpillArchive
 from kvstate.violations import CODE_ORDER, Code
-from replay.engine import folding
 from replay.report import emit
 from replay.safe import printable
 from replay.sources import open_stream
+from replay.verdict import folding
 
+from ._spool import ViolationSpool
 from ._views import overview
 
 

@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 import attrs
 
-from kvstate.harness.vllm.progress import Stall, cpu_ticks
+from kvstate.harness.vllm_engine.progress import Stall, cpu_ticks
 
 
 class MasterError(RuntimeError):

@@ -30,9 +30,9 @@ from kvstate.scheduler import SchedulerLedger
 from kvstate.worker import JobSpec, WorkerLedger
 
 from . import store as st
+from .batching import Request, SchedulerOutput
 from .content import full_block_kv, short
 from .device import BlockMemory
-from .engine import Request, SchedulerOutput
 from .faults import InjectedCrash
 from .pool import BlockPool
 

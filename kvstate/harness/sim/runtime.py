@@ -48,10 +48,10 @@ from kvstate.spill import SpillArchive
 from kvstate.worker import WorkerLedger
 
 from . import store as st
+from .batching import EngineScheduler, Request, sampler
 from .connector import StoreConnectorScheduler, StoreConnectorWorker
 from .content import full_block_kv, short
 from .device import BlockMemory, HostBlocks
-from .engine import EngineScheduler, Request, sampler
 from .faults import Faults, FaultyStore
 from .pool import BlockPool
 

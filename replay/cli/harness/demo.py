@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     """The same workload under the legacy connector and under kvstate, side by side."""
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from kvstate.harness.live.demo import journal_path, mooncake_problem, run_policy
+    from kvstate.harness.live.mooncake_demo import journal_path, mooncake_problem, run_policy
     from kvstate.harness.sim.runtime import SimConfig
 
     console = report_console()

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from journal import JournalError, journal_output, refuse_existing
 
-from ...engine import replay
 from ...report import emit, report_console, summary_line
 from ...safe import literal, printable
+from ...verdict import replay
 from .._common import (
     EXIT_CLEAN,
     EXIT_UNUSABLE,

@@ -27,7 +27,7 @@ from .._common import (
 )
 
 if TYPE_CHECKING:
-    from kvstate.harness.vllm.demo import Workload
+    from kvstate.harness.vllm_engine.runs import Workload
 
 T = TypeVar("T")
 
@@ -95,7 +95,7 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Both releases, side by side."""
-    from kvstate.harness.vllm.demo import NAMES, Workload
+    from kvstate.harness.vllm_engine.runs import NAMES, Workload
 
     from ._vllm_runs import run_demo
 
@@ -198,8 +198,8 @@ def _guarded(call: Callable[[], T]) -> tuple[T | None, int]:
     """Run the engines; on what a run can meet (Ctrl-C, a demo, venv or
     master error, unusable output) None and the exit status, the error said."""
     from kvstate.harness.live.master import MasterError
-    from kvstate.harness.vllm.demo import DemoError
-    from kvstate.harness.vllm.venvs import VenvError
+    from kvstate.harness.vllm_engine.runs import DemoError
+    from kvstate.harness.vllm_engine.venvs import VenvError
 
     try:
         with terminations_interrupt():

@@ -13,8 +13,8 @@ from rich.text import Text
 from journal import JournalError, atomic_output, refuse_existing, write_jsonl
 from kvstate.codec import to_record
 
-from ...engine import replay
 from ...report import emit, report_console
+from ...verdict import replay
 from .._common import (
     EXIT_CLEAN,
     EXIT_UNUSABLE,

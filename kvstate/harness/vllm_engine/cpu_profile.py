@@ -17,7 +17,7 @@ back to vLLM. What the wrappers themselves cost (two reads of the thread's
 clock and the bookkeeping, about a microsecond a call) is measured in the
 same process before the run and taken out of each side by its call count.
 
-Used by :mod:`kvstate.harness.vllm.engine` when a run's config asks for
+Used by :mod:`kvstate.harness.vllm_engine.in_venv` when a run's config asks for
 ``profile``; never part of :mod:`kvstate.vllm`.
 """
 

@@ -1,6 +1,6 @@
 """A pytest plugin: run any test session of vLLM's connector under the observer.
 
-    pytest -p kvstate.harness.vllm.pytest_plugin --kvstate-journals DIR [--kvstate-per-test]
+    pytest -p kvstate.harness.vllm_engine.pytest_plugin --kvstate-journals DIR [--kvstate-per-test]
 
 With ``--kvstate-journals`` alone, :func:`kvstate.vllm.install` runs once for
 the whole session and :func:`kvstate.vllm.finish` once at its end: every
@@ -11,7 +11,7 @@ replay on their own.
 
 This is how kvstate checks that observing never changes vLLM's behaviour:
 vLLM's own scheduler tests must pass and fail exactly as without the plugin
-(see :mod:`kvstate.harness.vllm.upstream`).
+(see :mod:`kvstate.harness.vllm_engine.upstream`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ vLLM's connector without kvstate (the overhead benchmark's baseline).
 A watchdog ends a run that stops making progress (the connector before
 vLLM #52372 can starve its pool): no step with output and no put for
 ``watchdog`` seconds, however long the run has taken
-(:mod:`kvstate.harness.vllm.progress`). The journals then end with
+(:mod:`kvstate.harness.vllm_engine.progress`). The journals then end with
 ``engine_crashed`` naming it, and the result says so. Nothing here changes a
 vLLM decision.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from journal import atomic_output
-from kvstate.harness.vllm.progress import Progress, Watchdog, count_steps
+from kvstate.harness.vllm_engine.progress import Progress, Watchdog, count_steps
 
 BLOCK_SIZE = 32
 
@@ -111,7 +111,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     if not torch.cuda.is_available():
         torch.cuda.Event = _CpuEvent  # type: ignore[misc,assignment]
 
-    from kvstate.harness.vllm import checkpoint
+    from kvstate.harness.vllm_engine import checkpoint
 
     model = checkpoint.write(Path(cfg["model"]), seed=cfg.get("model_seed", 0))
     mode = cfg["mode"]
@@ -125,7 +125,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             import kvstate.vllm
 
             if cfg.get("profile"):
-                from kvstate.harness.vllm import cpu_profile
+                from kvstate.harness.vllm_engine import cpu_profile
 
                 profiled = cpu_profile.instrument(
                     cfg["journal_dir"],
@@ -237,7 +237,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
 
         result["audit"] = kvstate.vllm.finish()
         if profiled is not None:
-            from kvstate.harness.vllm import cpu_profile
+            from kvstate.harness.vllm_engine import cpu_profile
 
             result["profile"] = cpu_profile.summary(profiled)
     result["seconds"] = round(time.monotonic() - started, 1)
