@@ -174,8 +174,9 @@ def fold_located(
             story.see(entry, found)
         for v in found:
             (warnings if v.is_warning else violations).append(v)
-    if ledger.header is None:
-        raise RecordError("journal is empty: no journal_opened record")
+    # An empty journal, or one without its header, is refused by the reader
+    # (replay.sources.checked), the one place every reader shares; here the
+    # ledger may still have no header: ``--at 0`` asks for it before record 1.
     if at is None:
         warnings.extend(ledger.end())
     return ledger, events, violations, warnings

@@ -312,3 +312,14 @@ def test_a_journal_too_long_to_keep_reads_its_story_again(
     assert engine.replay([str(example)]).story is None
     assert main(["replay", str(example)]) == 1
     assert capsys.readouterr().out == kept  # the same report, its records read again
+
+
+def test_at_zero_is_the_ledger_before_the_first_record_not_an_empty_journal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--at 0 said "journal is empty": the fold checked for a header a second
+    time, after the reader (replay.sources.checked) had already."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "clean.jsonl"
+    assert main(["replay", "--json", "--at", "0", str(example)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["events"] == 0 and report["ledger"]["records"] == 0
