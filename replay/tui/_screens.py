@@ -46,23 +46,6 @@ class TextScreen(ModalScreen[None]):
             yield Static(self.body, id="modal-body")
         yield Footer()
 
-    def action_lanes(self, lanes: int) -> None:
-        """Scroll sideways by ``lanes`` columns (the widths of the next ones)."""
-        table = self.query_one("#timeline-table", DataTable)
-        widths = [c.get_render_width(table) for c in table.ordered_columns[1:]]
-        x, edge, target = int(table.scroll_x), 0, None
-        starts = []
-        for width in widths:
-            starts.append(edge)
-            edge += width
-        if lanes > 0:
-            ahead = [s for s in starts if s > x]
-            target = ahead[min(lanes, len(ahead)) - 1] if ahead else x
-        else:
-            behind = [s for s in starts if s < x]
-            target = behind[max(0, len(behind) + lanes)] if behind else 0
-        table.scroll_to(x=target, animate=False)
-
     def action_dismiss(self, result: None = None) -> None:  # type: ignore[override]
         self.dismiss(None)
 
