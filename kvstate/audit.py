@@ -71,9 +71,15 @@ class Auditor:
     # -- what the recorder carries -------------------------------------------------
 
     def attach_scheduler(self, archive: Archive | None = None) -> None:
-        """A scheduler records here; ``archive`` is where its fold parks settled state."""
+        """A scheduler records here, parking what it settles in ``archive``.
+
+        An inline fold runs beside it, on the caller's thread, and parks
+        there too (in memory when none is given), as replay does; a commit
+        audit's fold runs where the journal is written and keeps its own.
+        """
         self._scheduler = True
-        self._archive = archive
+        if self.mode == "inline":
+            self._archive = archive if archive is not None else Archive()
 
     def attach_rank(self, rank: int, specs: Mapping[int, JobInfo]) -> None:
         """Rank ``rank`` records here and registers its jobs' specs in ``specs``."""
@@ -171,7 +177,8 @@ class Auditor:
     def remote(cls, config: str, archive: Archive | None) -> Auditor:
         """The auditor a writer process runs for :meth:`remote_config`'s ``config``."""
         auditor = cls("commit")
-        auditor.attach_scheduler(archive)
+        auditor._scheduler = True
+        auditor._archive = archive  # the writer process's spill
         auditor._workers = config == "scheduler+workers"
         return auditor
 

@@ -87,11 +87,7 @@ class SchedulerLedger:
         if strict:
             recorder.attach_strict()
         self.policy = policy
-        if recorder.auditor.mode == "inline":
-            # the fold runs here: it parks settled jobs and requests as replay does
-            recorder.auditor.attach_scheduler(archive if archive is not None else Archive())
-        else:
-            recorder.auditor.attach_scheduler(None)
+        recorder.auditor.attach_scheduler(archive)
         header = recorder.header.event
         if not isinstance(header, ev.JournalOpened):
             raise TypeError(f"a recorder's first record is journal_opened, not {header.kind}")
