@@ -58,7 +58,7 @@ test: setup vllm-venvs vllm-unit-tests
 	$(BIN)/vulture
 	$(BIN)/python -O -m pytest -p no:cacheprovider -W ignore::pytest.PytestConfigWarning $(O_TESTS)
 	$(BIN)/python -m pytest -rs -m "not vllm"
-	$(BIN)/python -m pytest -rs -v -m vllm
+	$(BIN)/python -m pytest -o addopts= -rs -v -m vllm
 
 # The quick loop: everything but the real-vLLM suite.
 test-quick: setup
