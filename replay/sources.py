@@ -6,16 +6,27 @@ ties broken by the protocol's causality (:mod:`replay.interleave`), else
 concatenated in the order given. A merged stream is renumbered 1..N in
 merged order so that seqs stay unique; :class:`Origin` maps each position
 back to its file and own seq.
+
+Two ways to read, one reader: :func:`open_stream` streams a journal once,
+in order (replay, export, fleet-check, ``inspect --once``), and
+:func:`open_records` reads it by seq on demand (time travel and the
+inspector). Both decode through :mod:`kvstate.codec` and parse JSON Lines
+with :class:`journal.jsonl.JsonlReader`, so a bad file gets the same error
+whichever tool reads it.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
+import threading
 from array import array
-from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple, Protocol
 
 from journal import Journal, RecordError, is_journal_file, read_jsonl_lines
+from journal.database import BEFORE_FIRST
+from journal.jsonl import JsonlReader
 from kvstate import events as ev
 from kvstate.codec import Entry, from_record, from_stored
 
@@ -34,18 +45,34 @@ class Located(NamedTuple):
     line: int | None
 
 
-def read_path(path: str | os.PathLike[str]) -> Iterator[Located]:
-    """Stream and decode one journal file (database or JSON Lines)."""
+def _existing(path: str | os.PathLike[str]) -> str:
     name = os.fspath(path)
     if not os.path.exists(name):
         raise RecordError("no such file", path=name)
     if os.path.isdir(name):
         raise RecordError("is a directory, not a journal", path=name)
+    return name
+
+
+def _rows(journal: Journal, name: str, after: int, upto: int | None) -> Iterator[Located]:
+    for seq, kind, step, rank, ts, payload in journal.stored_rows(after=after, upto=upto):
+        yield Located(from_stored(seq, kind, step, rank, ts, payload, name), name, seq, None)
+
+
+def read_path(
+    path: str | os.PathLike[str], *, sized: Callable[[int], None] | None = None
+) -> Iterator[Located]:
+    """Stream and decode one journal file (database or JSON Lines).
+
+    ``sized`` is told a journal database's record count when it is opened
+    (a progress bar's total, read on the same connection as the records).
+    """
+    name = _existing(path)
     if is_journal_file(name):
         with Journal(name, readonly=True) as journal:
-            for seq, kind, step, rank, ts, payload in journal.stored_rows():
-                entry = from_stored(seq, kind, step, rank, ts, payload, name)
-                yield Located(entry, name, seq, None)
+            if sized is not None:
+                sized(max(0, journal.head()[0]))  # seqs are 1..N: the last is the count
+            yield from _rows(journal, name, BEFORE_FIRST, None)
     else:
         for line, record in read_jsonl_lines(name):
             yield Located(from_record(record, path=name, line=line), name, record.seq, line)
@@ -135,23 +162,34 @@ def checked(items: Iterator[Located], what: str) -> Iterator[Located]:
         raise RecordError("journal is empty: no journal_opened record", path=what)
 
 
+class Sized:
+    """The records a stream will read, as its journal databases say when opened."""
+
+    def __init__(self) -> None:
+        self.total: int | None = None
+
+    def __call__(self, count: int) -> None:
+        self.total = count + (self.total or 0)
+
+
 def open_stream(
-    paths: Sequence[str], *, mixed_runs: bool = False
+    paths: Sequence[str], *, mixed_runs: bool = False, sized: Sized | None = None
 ) -> tuple[Iterator[Located], Origin | None]:
     """The records of ``paths`` in replay order, and the origin map when merged.
 
     Several paths must be one run's journals, each once, unless
-    ``mixed_runs`` (an explicit merge of different runs).
+    ``mixed_runs`` (an explicit merge of different runs). ``sized`` learns
+    how many records the journal databases hold as they are opened.
     """
     if len(paths) == 1:
-        return checked(read_path(paths[0]), paths[0]), None
+        return checked(read_path(paths[0], sized=sized), paths[0]), None
     origin = Origin(paths)
     firsts = [_first(p) for p in paths]
     _one_run(paths, firsts, mixed_runs)
     by_ts = all(f is not None and f.entry.ts is not None for f in firsts)
 
     def merged() -> Iterator[Located]:
-        streams = [checked(read_path(p), p) for p in paths]
+        streams = [checked(read_path(p, sized=sized), p) for p in paths]
         if by_ts:
             pairs: Iterator[tuple[int, Located]] = interleave(streams)  # type: ignore[assignment]
         else:
@@ -186,3 +224,106 @@ def collect(paths: Sequence[str], seqs: set[int]) -> dict[int, Entry]:
         if entry.seq >= last:
             break
     return found
+
+
+# -- by seq, on demand: time travel -------------------------------------------------
+
+
+class Records(Protocol):
+    """A journal read by seq (merged positions when several are merged)."""
+
+    path: str
+
+    def last_seq(self) -> int: ...
+    def between(self, after: int, upto: int) -> Iterator[Located]: ...
+    def close(self) -> None: ...
+
+
+class _DatabaseRecords:
+    """Records of a journal database, by seq, read in chunks; read-only."""
+
+    CHUNK = 4096
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._journal = Journal(path, readonly=True)
+        self._lock = threading.Lock()  # one connection, several threads
+
+    def last_seq(self) -> int:
+        with self._lock:
+            return self._journal.head()[0]
+
+    def between(self, after: int, upto: int) -> Iterator[Located]:
+        """Records with ``after < seq <= upto``, in order."""
+        while after < upto:
+            end = min(upto, after + self.CHUNK)
+            # a chunk at a time under the lock: the inspector's threads share it
+            with self._lock:
+                chunk = list(_rows(self._journal, self.path, after, end))
+            yield from chunk
+            after = end
+
+    def close(self) -> None:
+        with self._lock:
+            self._journal.close()
+
+
+class _InMemory:
+    """Records held in memory, looked up by seq."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._items: list[Located] = []
+        self._seqs = array("q")
+
+    def _add(self, item: Located) -> None:
+        self._items.append(item)
+        self._seqs.append(item.entry.seq)
+
+    def last_seq(self) -> int:
+        return self._seqs[-1] if self._seqs else BEFORE_FIRST
+
+    def between(self, after: int, upto: int) -> Iterator[Located]:
+        start = bisect.bisect_right(self._seqs, after)
+        end = bisect.bisect_right(self._seqs, upto)
+        return iter(self._items[start:end])
+
+    def close(self) -> None:
+        pass
+
+
+class _LineRecords(_InMemory):
+    """Records of a JSON Lines file, kept in memory; lines appended since are
+    read at each :meth:`last_seq` (a journal another process is writing)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self._reader = JsonlReader(path)
+        self._lock = threading.Lock()
+
+    def last_seq(self) -> int:
+        with self._lock:
+            for line, record in self._reader.read(complete=False):
+                entry = from_record(record, path=self.path, line=line)
+                self._add(Located(entry, self.path, record.seq, line))
+        return super().last_seq()
+
+
+class _MergedRecords(_InMemory):
+    """Several journals of one run, merged as replay merges them, in memory."""
+
+    def __init__(self, paths: list[str]) -> None:
+        super().__init__(", ".join(paths))
+        stream, _origin = open_stream(paths)
+        for item in stream:
+            self._add(item)
+
+
+def open_records(paths: Sequence[str]) -> Records:
+    """``paths`` read by seq: a database on demand, JSON Lines and merges in memory."""
+    if len(paths) > 1:
+        return _MergedRecords(list(paths))
+    name = _existing(paths[0])
+    if is_journal_file(name):
+        return _DatabaseRecords(name)
+    return _LineRecords(name)

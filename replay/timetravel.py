@@ -6,9 +6,11 @@ A background pass folds the journal once, collecting what the overview needs
 before the asked seq, or from the current cursor when moving forward, and
 folds only the records in between: no full refold per keypress.
 
-Records are read on demand: by seq from a journal database (opened
-read-only), from a list for JSON Lines. In follow mode new records are
-picked up as another process appends them.
+Records come from the one reader, :func:`replay.sources.open_records` (by
+seq from a journal database, opened read-only; from memory for JSON Lines
+and merged journals), and are folded by the one fold loop,
+:func:`replay.verdict.folding`. In follow mode new records are picked up as
+another process appends them.
 """
 
 from __future__ import annotations
@@ -20,107 +22,18 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import overload
 
-from journal import Journal, RecordError, is_journal_file
+from journal import RecordError
 from journal.database import BEFORE_FIRST
-from journal.jsonl import JsonlReader
 from kvstate.archive import Archive
-from kvstate.codec import Entry, from_record, from_stored
+from kvstate.codec import Entry
 from kvstate.ledger import PARK_AFTER, SWEEP_EVERY, Ledger
 from kvstate.violations import CODE_ORDER, Code, Violation
 
+from .sources import open_records
+from .verdict import folding
+
 #: records between two checks of a fold's ``cancel``
 _CANCEL_EVERY = 256
-
-
-class _DatabaseRecords:
-    """Records of a journal database, by seq; read-only."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._journal = Journal(path, readonly=True)
-        self._lock = threading.Lock()  # one connection, several threads
-
-    def last_seq(self) -> int:
-        with self._lock:
-            return self._journal.head()[0]
-
-    def between(self, after: int, upto: int) -> Iterator[Entry]:
-        """Entries with ``after < seq <= upto``, in order (read in chunks)."""
-        chunk_size = 4096
-        while after < upto:
-            with self._lock:
-                chunk = list(
-                    self._journal.stored_rows(after=after, upto=min(upto, after + chunk_size))
-                )
-            for seq, kind, step, rank, ts, payload in chunk:
-                yield from_stored(seq, kind, step, rank, ts, payload, self.path)
-            after = min(upto, after + chunk_size)
-
-    def close(self) -> None:
-        with self._lock:
-            self._journal.close()
-
-
-class _InMemory:
-    """Entries held in memory, looked up by seq."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._entries: list[Entry] = []
-        self._seqs: list[int] = []
-
-    def last_seq(self) -> int:
-        return self._seqs[-1] if self._seqs else BEFORE_FIRST
-
-    def between(self, after: int, upto: int) -> Iterator[Entry]:
-        start = bisect.bisect_right(self._seqs, after)
-        end = bisect.bisect_right(self._seqs, upto)
-        return iter(self._entries[start:end])
-
-    def close(self) -> None:
-        pass
-
-
-class _LineRecords(_InMemory):
-    """Records of a JSON Lines file, kept in memory; new lines are read on poll
-    (by the one JSON Lines reader, :class:`journal.jsonl.JsonlReader`)."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
-        self._reader = JsonlReader(path)
-        self._lock = threading.Lock()
-        self.poll()
-
-    def poll(self) -> None:
-        with self._lock:
-            for line, record in self._reader.read(complete=False):
-                self._entries.append(from_record(record, path=self.path, line=line))
-                self._seqs.append(record.seq)
-
-    def last_seq(self) -> int:
-        self.poll()
-        return super().last_seq()
-
-
-class _MergedRecords(_InMemory):
-    """Several journals of one run, merged like replay merges them, in memory."""
-
-    def __init__(self, paths: list[str]) -> None:
-        from .sources import open_stream
-
-        super().__init__(", ".join(paths))
-        stream, _origin = open_stream(paths)
-        for item in stream:
-            self._entries.append(item.entry)
-            self._seqs.append(item.entry.seq)
-
-
-def _records(paths: list[str]) -> _DatabaseRecords | _LineRecords | _MergedRecords:
-    if len(paths) > 1:
-        return _MergedRecords(paths)
-    if is_journal_file(paths[0]):
-        return _DatabaseRecords(paths[0])
-    return _LineRecords(paths[0])
 
 
 class TimeTravel:
@@ -138,7 +51,7 @@ class TimeTravel:
     ) -> None:
         paths = [path] if isinstance(path, str) else list(path)
         self.path = ", ".join(paths)
-        self.records = _records(paths)
+        self.records = open_records(paths)
         self.last_seq = self.records.last_seq()
         self.kinds: Counter[str] = Counter()
         #: every violation found so far, in seq order (the fold goes forward)
@@ -178,8 +91,8 @@ class TimeTravel:
         done = 0
         upto = self.last_seq
         try:
-            for entry in self.records.between(self.indexed_seq, upto):
-                found = self._index_ledger.apply(entry.seq, entry.step, entry.event)
+            ledger = self._index_ledger
+            for entry, found in folding(self.records.between(self.indexed_seq, upto), ledger):
                 with self._lock:
                     self.kinds[entry.event.kind] += 1
                     for v in found:
@@ -196,7 +109,7 @@ class TimeTravel:
                 if (limit is not None and done >= limit) or self._stop.is_set():
                     break
         except RecordError as exc:
-            self.error = exc.located(path=self.path)
+            self.error = exc if exc.path is not None else exc.located(path=self.path)
         except OSError as exc:
             self.error = exc
         return done
@@ -344,21 +257,18 @@ class TimeTravel:
     ) -> int:
         """Apply the records ``after < seq <= upto``; returns ``upto``, or the
         last seq applied when ``cancel`` stopped it first."""
-        reached = after
-        for n, entry in enumerate(self.records.between(after, upto)):
+        for n, (entry, _found) in enumerate(folding(self.records.between(after, upto), ledger)):
             if cancel is not None and n % _CANCEL_EVERY == 0 and cancel():
-                return reached
-            ledger.apply(entry.seq, entry.step, entry.event)
-            reached = entry.seq
+                return entry.seq
         return upto
 
     def entries(self, after: int, upto: int) -> list[Entry]:
         """The entries with ``after < seq <= upto``, in order."""
-        return list(self.records.between(after, upto))
+        return list(self.stream(after, upto))
 
     def stream(self, after: int, upto: int) -> Iterator[Entry]:
         """:meth:`entries` one at a time, for a scan that must not hold them all."""
-        return self.records.between(after, upto)
+        return (item.entry for item in self.records.between(after, upto))
 
     def violations_between(self, after: int, upto: int) -> list[Violation]:
         """The violations of records with ``after < seq <= upto``, in order."""
@@ -399,7 +309,7 @@ class TimeTravel:
         here = next(iter(self.entries(seq - 1, seq)), None)
         step = here.step if here is not None else 0
         if direction > 0:
-            for entry in self.records.between(seq, self.last_seq):
+            for entry in self.stream(seq, self.last_seq):
                 if entry.step > step:
                     return entry.seq
             return self.last_seq

@@ -15,7 +15,7 @@ from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
 from kvstate.violations import Code, Violation
 
-from .sources import Located, Origin, open_stream
+from .sources import Located, Origin, Sized, open_stream
 
 
 @attrs.define
@@ -188,6 +188,7 @@ def replay(
     at: int | None = None,
     require_idle: bool = False,
     progress: Callable[[int], None] | None = None,
+    sized: Sized | None = None,
 ) -> ReplayResult:
     """Replay one journal, or several merged, and return the verdict.
 
@@ -196,7 +197,7 @@ def replay(
     """
     if not paths:
         raise RecordError("no journal given")
-    stream, origin = open_stream(list(paths))
+    stream, origin = open_stream(list(paths), sized=sized)
     story = _Story()
     try:
         ledger, events, violations, warnings = fold_located(

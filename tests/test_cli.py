@@ -287,9 +287,9 @@ def test_replay_reads_a_journal_once_for_its_verdict_and_its_story(
     opened: list[str] = []
     read_path = sources.read_path
 
-    def counted(path):  # type: ignore[no-untyped-def]
+    def counted(path, **kw):  # type: ignore[no-untyped-def]
         opened.append(str(path))
-        return read_path(path)
+        return read_path(path, **kw)
 
     monkeypatch.setattr(sources, "read_path", counted)
     monkeypatch.setattr(replay_command, "collect", lambda *a: pytest.fail("read again"))
@@ -298,6 +298,35 @@ def test_replay_reads_a_journal_once_for_its_verdict_and_its_story(
     out = capsys.readouterr().out
     assert opened == [str(example)]
     assert "POISONED_READ" in out
+
+
+def test_a_database_is_opened_once_for_its_progress_total_and_its_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The progress bar's total came from a connection of its own, before the
+    fold opened the journal again; now the fold's reader says it."""
+    from replay import sources
+    from replay.verdict import replay
+
+    db = tmp_path / "j.db"
+    assert run(capsys, "convert", str(EXAMPLES / "poisoned_read.jsonl"), str(db))[0] == 0
+    opened: list[str] = []
+    journal_class = sources.Journal
+
+    def counted(path, **kw):  # type: ignore[no-untyped-def]
+        opened.append(str(path))
+        return journal_class(path, **kw)
+
+    monkeypatch.setattr(sources, "Journal", counted)
+    sized, done = sources.Sized(), []
+    result = replay([str(db)], progress=done.append, sized=sized)
+    assert opened == [str(db)]
+    assert (
+        sized.total
+        == result.events
+        == len((EXAMPLES / "poisoned_read.jsonl").read_text().splitlines())
+    )
+    assert result.exit_status == 1 and done
 
 
 def test_a_journal_too_long_to_keep_reads_its_story_again(

@@ -13,7 +13,7 @@ from kvstate.codec import to_record
 from ..minimize import minimize as shrink
 from ..progress import records_progress
 from ..report import needed_records, print_report, report_console
-from ..sources import collect, entries
+from ..sources import Sized, collect, open_stream
 from ..verdict import replay
 from ._common import (
     EXIT_CLEAN,
@@ -77,9 +77,14 @@ def run(args: argparse.Namespace) -> int:
     if args.minimize:
         return _write_minimized(args)
     try:
-        with records_progress(args.paths, "replaying") as progress:
+        sized = Sized()
+        with records_progress(sized, "replaying") as progress:
             result = replay(
-                args.paths, at=args.at, require_idle=args.require_idle, progress=progress
+                args.paths,
+                at=args.at,
+                require_idle=args.require_idle,
+                progress=progress,
+                sized=sized,
             )
     except (JournalError, OSError) as exc:
         return unusable(exc, as_json=args.json)
@@ -108,8 +113,10 @@ def _write_minimized(args: argparse.Namespace) -> int:
     try:
         refuse_existing(args.minimize, force=args.force)
         loaded = []
-        with records_progress(args.paths, "reading") as progress:
-            for entry in entries(args.paths):
+        sized = Sized()
+        with records_progress(sized, "reading") as progress:
+            stream, _origin = open_stream(args.paths, sized=sized)
+            for entry in (item.entry for item in stream):
                 loaded.append(entry)
                 if progress is not None and len(loaded) % 16384 == 0:
                     progress(len(loaded))
