@@ -70,7 +70,7 @@ class JournalWriter(Buffered[T], Generic[T]):
         encode: Callable[[T], Record | NewRow],
         *,
         background: bool = True,
-        after_write: Callable[[list[T]], None] | None = None,
+        after_write: Callable[[list[T]], object] | None = None,
     ) -> None:
         super().__init__()
         self.journal = journal

@@ -129,11 +129,14 @@ class Auditor:
                     self.untaken.extend(found)
         return found
 
-    def apply_entries(self, entries: list[Entry]) -> None:
-        """Fold a committed batch (the ``commit`` mode's writer side)."""
+    def apply_entries(self, entries: list[Entry]) -> list[Violation]:
+        """Fold a committed batch (the ``commit`` mode's writer side, in this
+        process or the writer process); returns its findings."""
         apply = self.apply
+        found: list[Violation] = []
         for seq, step, _ts, event in entries:
-            apply(seq, step, event)
+            found += apply(seq, step, event)
+        return found
 
     def take_new(self) -> list[Violation]:
         """Findings since the last call (what a strict ledger raises at its next call)."""

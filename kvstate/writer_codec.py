@@ -129,8 +129,7 @@ class BatchCodec:
         auditor = self._auditor
         if auditor is None:
             return
-        for seq, step, _ts, event in self._entries:
-            self._found.extend(auditor.apply(seq, step, event))
+        self._found += auditor.apply_entries(self._entries)
         self._entries = []
 
     def report(self) -> bytes:
