@@ -35,7 +35,7 @@ from .rank import BY, ROW, RankState
 from .state import Incarnation, RankJobState, RequestState, StoreJobState, StoreRequestState
 
 if TYPE_CHECKING:
-    from ._ledger_state import LedgerState as Ledger
+    from ._ledger_state import LedgerState
     from .rank import RankLedger
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -64,7 +64,7 @@ class Parking:
     incarnations holds blocks and with no live job on any rank.
     """
 
-    def __init__(self, ledger: Ledger, park_after: int, sweep_every: int) -> None:
+    def __init__(self, ledger: LedgerState, park_after: int, sweep_every: int) -> None:
         self.ledger = ledger
         self.park_after = park_after
         self.sweep_every = sweep_every
@@ -82,7 +82,7 @@ class Parking:
         self._settled_jobs: dict[int, int] = {}
         self._settled_requests: dict[str, int] = {}
 
-    def copy(self, ledger: Ledger) -> Parking:
+    def copy(self, ledger: LedgerState) -> Parking:
         """The same parking state for ``ledger`` (a snapshot of the one this serves)."""
         new = Parking(ledger, self.park_after, self.sweep_every)
         new.jobs, new.requests = self.jobs, self.requests  # grow-only: shared

@@ -8,7 +8,7 @@ still holding its table (LEAKED_BLOCKS, an addition: a lost
 ``request_preempted`` or ``request_finished`` shows here). Each finding is
 reported once, however many ``engine_idle`` records follow.
 
-A function of :class:`~kvstate.ledger.Ledger`'s state, called only by its
+A function of the fold's state (:class:`~kvstate._ledger_state.LedgerState`), called only by its
 fold. It looks at what is in memory: parking keeps out only what these
 checks could not flag (see :mod:`kvstate._parking`).
 """
@@ -21,10 +21,10 @@ from .state import RUNNING
 from .violations import Code, Violation, finding
 
 if TYPE_CHECKING:
-    from ._ledger_state import LedgerState as Ledger
+    from ._ledger_state import LedgerState
 
 
-def check_quiescent(ledger: Ledger, seq: int, out: list[Violation]) -> None:
+def check_quiescent(ledger: LedgerState, seq: int, out: list[Violation]) -> None:
     """Append the LEAKED_PIN, MISSING_REPORT and HELD_FOREVER findings at ``seq``."""
     first = ledger.first_report
     for job in ledger.jobs.values():
@@ -77,7 +77,7 @@ def check_quiescent(ledger: Ledger, seq: int, out: list[Violation]) -> None:
                 )
 
 
-def check_ended(ledger: Ledger) -> list[Violation]:
+def check_ended(ledger: LedgerState) -> list[Violation]:
     """The journal ends here: UNFINISHED if it ends before the engine did.
 
     The quiescence checks run only at ``engine_idle``. A journal that stops

@@ -13,7 +13,7 @@ Four moments, one definition each:
 - at the audit records: a stored key holds the KV of its tokens
   (POISONED_KEY), and a load got what its key names (WRONG_KV_LOADED).
 
-These are functions of :class:`~kvstate.ledger.Ledger`'s state, called only
+These are functions of the fold's state (:class:`~kvstate._ledger_state.LedgerState`), called only
 by its fold.
 """
 
@@ -26,13 +26,13 @@ from .state import FINISHED, Incarnation, StoreJobState
 from .violations import Code, Violation, finding
 
 if TYPE_CHECKING:
-    from ._ledger_state import LedgerState as Ledger
+    from ._ledger_state import LedgerState
 
 Out = list[Violation]
 
 
 def check_enqueued_reads(
-    ledger: Ledger, seq: int, event: ev.JobEnqueued, inc: Incarnation, out: Out
+    ledger: LedgerState, seq: int, event: ev.JobEnqueued, inc: Incarnation, out: Out
 ) -> None:
     """FOREIGN_BLOCK_READ and TABLE_OVERRUN for a job as it is enqueued."""
     foreign = set(event.reads)
@@ -63,7 +63,7 @@ def check_enqueued_reads(
 
 
 def check_epochs(
-    ledger: Ledger, seq: int, event: ev.DmaStarted | ev.DmaDone, job: StoreJobState, out: Out
+    ledger: LedgerState, seq: int, event: ev.DmaStarted | ev.DmaDone, job: StoreJobState, out: Out
 ) -> None:
     """A transfer must see each read block at the epoch recorded at enqueue.
 
@@ -100,7 +100,7 @@ def check_epochs(
 
 
 def _check_digest(
-    ledger: Ledger, seq: int, event: ev.DmaDone, job: StoreJobState, out: Out
+    ledger: LedgerState, seq: int, event: ev.DmaDone, job: StoreJobState, out: Out
 ) -> None:
     if event.digest is None or event.expected is None or event.digest == event.expected:
         return
@@ -116,7 +116,7 @@ def _check_digest(
     out.append(finding(Code.POISONED_READ, seq, why, job.enqueued_seq, of=job, rank=event.rank))
 
 
-def check_key(ledger: Ledger, seq: int, event: ev.KeyVerified, out: Out) -> None:
+def check_key(ledger: LedgerState, seq: int, event: ev.KeyVerified, out: Out) -> None:
     """POISONED_KEY: the store holds KV under a key that is not that key's KV."""
     if event.ok:
         return
@@ -128,7 +128,7 @@ def check_key(ledger: Ledger, seq: int, event: ev.KeyVerified, out: Out) -> None
     out.append(finding(Code.POISONED_KEY, seq, why, *writers, job=job, key=event.key))
 
 
-def check_load(ledger: Ledger, seq: int, event: ev.LoadVerified, out: Out) -> None:
+def check_load(ledger: LedgerState, seq: int, event: ev.LoadVerified, out: Out) -> None:
     """WRONG_KV_LOADED: a request loaded a key and got KV the key does not name."""
     if event.ok:
         return
@@ -149,7 +149,7 @@ def check_load(ledger: Ledger, seq: int, event: ev.LoadVerified, out: Out) -> No
 
 
 def _writers(
-    ledger: Ledger, seq: int, job: int | None, key: str
+    ledger: LedgerState, seq: int, job: int | None, key: str
 ) -> tuple[tuple[int, ...], int | None]:
     """The enqueues before ``seq`` that wrote ``key``, and the job behind its
     value: as the audit names it, else the key's first writer."""

@@ -47,7 +47,7 @@ class _Skip(Exception):
     """Raised by :meth:`JobRun.skip` to leave the job body; swallowed by ``run``."""
 
 
-class _Run:
+class Run:
     """One job from dequeue to report, as a context manager.
 
     :meth:`__exit__`'s ``finally`` is the one exit every path passes, the

@@ -29,7 +29,7 @@ from . import events as ev
 from ._generations import Generations
 from .archive import Archive
 from .errors import DuplicateJobError
-from .jobrun import JobRun, _Run
+from .jobrun import JobRun, Run
 from .jobspec import JobSpec
 from .policy import WorkerPolicy
 from .recorder import Recorder
@@ -269,7 +269,7 @@ class WorkerLedger:
 
     def run(self, job: int) -> contextlib.AbstractContextManager[JobRun]:
         """Context manager for one dequeued job; see :class:`JobRun`."""
-        return _Run(self, job)
+        return Run(self, job)
 
     def report(self, job: int, *, quiet: bool = False) -> None:
         with self.lock:

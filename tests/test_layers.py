@@ -192,3 +192,41 @@ def test_the_core_has_no_import_cycle() -> None:
 def test_the_cycle_check_catches_a_cycle() -> None:
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set()}) is None
+
+
+#: the fold's helpers and the job run: leaves of their own concept
+HELPERS = (
+    "kvstate._reads",
+    "kvstate._quiescence",
+    "kvstate._parking",
+    "kvstate._copies",
+    "kvstate._ledger_state",
+    "kvstate.jobrun",
+    "kvstate.policy",
+)
+#: the ledgers that use them
+LEDGERS = {"kvstate.ledger", "kvstate.worker", "kvstate.scheduler", "kvstate.recorder"}
+
+
+def reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+@pytest.mark.parametrize("helper", HELPERS)
+def test_a_helper_reaches_no_ledger_not_even_for_typing(helper: str) -> None:
+    graph = core_graph()
+    assert helper in graph
+    assert not reaches(graph, helper) & LEDGERS
+
+
+def test_the_reach_check_sees_an_indirect_import() -> None:
+    graph = {"kvstate._reads": {"kvstate.state"}, "kvstate.state": {"kvstate.ledger"}}
+    assert "kvstate.ledger" in reaches(graph, "kvstate._reads")
