@@ -682,3 +682,46 @@ def test_a_wide_timeline_scrolls_a_lane_a_press_and_counts_only_its_own_records(
         assert f", {seen['marked']} with violations" in heading
     else:
         assert "with violations" not in heading
+
+
+def test_at_30_rows_the_first_violations_chain_is_on_screen(tmp_path: Path) -> None:
+    """At 30 rows the Violations tab cut the first violation's chain to its
+    header: the story pane was too short and its words came first."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from kvstate.harness.sim.runtime import SimConfig, simulate
+    from replay.report import lanes_table
+
+    path = tmp_path / "run.db"
+    simulate(SimConfig(requests=10, seed=2, policy="legacy", world_size=2), journal=str(path))
+    app = Inspector(str(path), background=False)
+    seen: dict[str, object] = {}
+
+    async def run() -> None:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.pause()
+            first = app.tt.violations[0]
+            app.go(first.seq)
+            await pilot.press("5")
+            await pilot.pause()
+            detail = app.query_one("#violation-detail")
+            records = {e.seq: e for s in first.chain for e in app.tt.entries(s - 1, s)}
+            records.update({e.seq: e for e in app.tt.entries(first.seq - 1, first.seq)})
+            chain = [records[s] for s in sorted({*first.chain, first.seq})]
+            width = detail.scrollable_content_region.width
+            console = Console(width=width, file=io.StringIO(), color_system=None)
+            head = Text(f"{first.code.value} at seq {first.seq}")
+            lines = console.render_lines(
+                Group(head, lanes_table(chain, {first.seq: [first]}, "chain", plain=False)),
+                console.options.update_width(width),
+            )
+            seen["needed"] = len(lines)
+            seen["shown"] = detail.scrollable_content_region.height
+            seen["top"] = detail.scroll_y
+            seen["chain"] = len(chain)
+
+    asyncio.run(run())
+    assert seen["chain"] >= 2  # a story worth showing: the violation and what led to it
+    assert seen["top"] == 0
+    assert seen["needed"] <= seen["shown"], seen
