@@ -264,7 +264,7 @@ class TimeTravel:
 
     def entries(self, after: int, upto: int) -> list[Entry]:
         """The entries with ``after < seq <= upto``, in order."""
-        return list(self.stream(after, upto))
+        return [item.entry for item in self.records.between(after, upto)]
 
     def stream(self, after: int, upto: int) -> Iterator[Entry]:
         """:meth:`entries` one at a time, for a scan that must not hold them all."""
@@ -309,7 +309,7 @@ class TimeTravel:
         here = next(iter(self.entries(seq - 1, seq)), None)
         step = here.step if here is not None else 0
         if direction > 0:
-            for entry in self.stream(seq, self.last_seq):
+            for entry in (item.entry for item in self.records.between(seq, self.last_seq)):
                 if entry.step > step:
                     return entry.seq
             return self.last_seq
