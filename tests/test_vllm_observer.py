@@ -17,6 +17,7 @@ import pytest
 
 from kvstate.vllm import _install, _journals
 from kvstate.vllm._compat import Connector
+from kvstate.vllm._process import ObservedProcess
 from replay.runs import run_of
 
 
@@ -24,13 +25,10 @@ from replay.runs import run_of
 def observed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """kvstate.vllm as if installed (journals in a fresh folder), reset afterwards."""
     folder = tmp_path / "journals"
-    monkeypatch.setattr(_install, "_connector", Connector("0.32.0", "store-jobs", {}))
+    process = ObservedProcess()
+    process.connector = Connector("0.32.0", "store-jobs", {})
+    monkeypatch.setattr(_install, "process", process)
     monkeypatch.setattr(_journals, "chosen_dir", folder)
-    monkeypatch.setitem(_install._state, "ended", False)
-    monkeypatch.setattr(_install, "failures", [])
-    monkeypatch.setattr(_install, "schedulers", [])
-    monkeypatch.setattr(_install, "workers", {})
-    monkeypatch.setattr(_install, "_unobservable", set())
     yield folder
     _install.finish()
 
@@ -42,17 +40,17 @@ def scheduler() -> SimpleNamespace:
 
 def test_every_connector_of_a_process_gets_a_journal_of_its_own(observed: Path) -> None:
     first, second = scheduler(), scheduler()
-    one = _install._scheduler_observer(first)
-    two = _install._scheduler_observer(second)
+    one = _install.process.scheduler(first)
+    two = _install.process.scheduler(second)
     assert one is not None and two is not None and one is not two
-    assert _install._scheduler_observer(first) is one  # made once per connector
+    assert _install.process.scheduler(first) is one  # made once per connector
     _install.finish()
     names = sorted(p.name for p in observed.glob("*.db"))
     assert len(names) == 2 and all(n.startswith("scheduler-") for n in names)
     assert sum(n.endswith("-2.db") for n in names) == 1
     runs = {run_of(str(observed / n)) for n in names}
     assert len(runs) == 2  # two connectors: two runs, never merged as copies
-    assert _install.failures == []
+    assert _install.process.failures == []
 
 
 def test_a_journal_that_cannot_be_opened_never_reaches_vllm(
@@ -61,13 +59,13 @@ def test_a_journal_that_cannot_be_opened_never_reaches_vllm(
     observed.parent.mkdir(exist_ok=True)
     observed.write_text("a file where the journal folder should be")
     sched = scheduler()
-    assert _install._scheduler_observer(sched) is None  # no exception
-    assert _install._scheduler_observer(sched) is None  # and not tried on every call
-    assert len(_install.failures) == 1 and "journals" in _install.failures[0]
+    assert _install.process.scheduler(sched) is None  # no exception
+    assert _install.process.scheduler(sched) is None  # and not tried on every call
+    assert len(_install.process.failures) == 1 and "journals" in _install.process.failures[0]
     thread = SimpleNamespace(tp_rank=0, block_size=16)
-    assert _install._worker_observer(thread) is None
-    assert _install._worker_observer(thread) is None
-    assert len(_install.failures) == 2
+    assert _install.process.worker(thread) is None
+    assert _install.process.worker(thread) is None
+    assert len(_install.process.failures) == 2
 
 
 def test_after_finish_a_running_engine_is_not_observed_until_installed_again(
@@ -80,15 +78,15 @@ def test_after_finish_a_running_engine_is_not_observed_until_installed_again(
     finish(), and no journal starts mid-request."""
     sched = scheduler()
     thread = SimpleNamespace(tp_rank=0, block_size=16)
-    assert _install._scheduler_observer(sched) is not None
-    assert _install._worker_observer(thread) is not None
+    assert _install.process.scheduler(sched) is not None
+    assert _install.process.worker(thread) is not None
     _install.finish(error="watchdog: no progress")
-    assert _install._scheduler_observer(sched) is None
-    assert _install._worker_observer(thread) is None
-    assert _install._scheduler_observer(scheduler()) is None
-    assert len(list(observed.glob("*.db"))) == 2 and _install.failures == []
-    _install._state["ended"] = False  # what install() does
-    assert _install._worker_observer(thread) is not None  # a new journal, for a new run
+    assert _install.process.scheduler(sched) is None
+    assert _install.process.worker(thread) is None
+    assert _install.process.scheduler(scheduler()) is None
+    assert len(list(observed.glob("*.db"))) == 2 and _install.process.failures == []
+    _install.process.ended = False  # what install() does
+    assert _install.process.worker(thread) is not None  # a new journal, for a new run
     assert len(list(observed.glob("worker-*.db"))) == 2
 
 
@@ -218,12 +216,12 @@ def test_engine_idle_is_claimed_only_when_every_admitted_request_finished() -> N
 def test_journals_after_finish_belong_to_a_new_run(observed: Path) -> None:
     """A journal folder per test: the first journal of each folder has the same
     file name, and must not share its run with the last folder's."""
-    assert _install._scheduler_observer(scheduler()) is not None
+    assert _install.process.scheduler(scheduler()) is not None
     _install.finish()
-    _install._state["ended"] = False  # install() with a new folder
+    _install.process.ended = False  # install() with a new folder
     second = observed.parent / "second"
     _journals.chosen_dir = second
-    assert _install._scheduler_observer(scheduler()) is not None
+    assert _install.process.scheduler(scheduler()) is not None
     _install.finish()
     (one,), (two,) = observed.glob("*.db"), second.glob("*.db")
     assert one.name == two.name
@@ -236,11 +234,11 @@ def test_a_mock_geometry_stands_the_observer_down_and_finish_never_raises(observ
     from unittest import mock
 
     sched = SimpleNamespace(_block_size=mock.MagicMock(), _num_workers=1)
-    assert _install._scheduler_observer(sched) is None  # stood down, nothing raised
+    assert _install.process.scheduler(sched) is None  # stood down, nothing raised
     thread = SimpleNamespace(tp_rank=0, block_size=mock.MagicMock())
-    assert _install._worker_observer(thread) is None
-    assert len(_install.failures) == 2
-    assert all("block_size" in f for f in _install.failures)
+    assert _install.process.worker(thread) is None
+    assert len(_install.process.failures) == 2
+    assert all("block_size" in f for f in _install.process.failures)
     assert list(observed.glob("*.db")) == []  # no journal no reader could read
     _install.finish()  # never raises
 
@@ -253,7 +251,7 @@ def test_a_value_vllm_hands_over_that_the_contract_refuses_keeps_the_journal_rea
     from kvstate import events as ev
     from replay import replay
 
-    observer = _install._scheduler_observer(scheduler())
+    observer = _install.process.scheduler(scheduler())
     assert observer is not None
     observer._record(ev.RequestAdmitted(req="r", gen=0, prompt_tokens=mock.MagicMock()))
     _install.finish()

@@ -31,6 +31,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from kvstate.vllm._patches import Patches
+
 _clock = time.thread_time_ns
 #: the call that begins an engine step
 _STEP = "vllm:Scheduler.schedule"
@@ -60,7 +62,7 @@ class Attribution:
         self._samples: list[tuple[float, float]] = []
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._wrapped: list[tuple[Any, str, Any]] = []
+        self._patches = Patches()
 
     def wrap(self, category: str, function: Callable[..., Any]) -> Callable[..., Any]:
         """``function``, charging the CPU it spends (less nested categories) to ``category``."""
@@ -144,16 +146,10 @@ class Attribution:
 
     def patch(self, owner: Any, name: str, category: str) -> None:
         """Replace ``owner.name`` by its charged version (undone by :meth:`restore`)."""
-        self._wrapped.append((owner, name, owner.__dict__.get(name)))
-        setattr(owner, name, self.wrap(category, getattr(owner, name)))
+        self._patches.replace(owner, name, self.wrap(category, getattr(owner, name)))
 
     def restore(self) -> None:
-        while self._wrapped:
-            owner, name, original = self._wrapped.pop()
-            if original is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
+        self._patches.restore()
 
     def on_thread(self, thread: str) -> dict[str, float]:
         """Nanoseconds by category on one thread, less what the wrappers cost."""
@@ -189,7 +185,6 @@ def instrument(
     versions; then each of kvstate's patches is wrapped in turn.
     """
     import kvstate.vllm
-    from kvstate.vllm import _install
     from kvstate.vllm._compat import detect
 
     prof = Attribution(warmup=warmup)
@@ -208,7 +203,7 @@ def instrument(
         for name in _methods(cls):
             prof.patch(cls, name, "vllm")
     kvstate.vllm.install(journal_dir, fingerprint=fingerprint)
-    for owner, name, _original in list(_install._patched):
+    for owner, name in list(kvstate.vllm.patched()):
         # the engine thread's patches (the sending thread's are apart; a
         # constructor runs once)
         if owner in classes and not name.startswith("__"):
@@ -219,6 +214,7 @@ def instrument(
         from journal.process_writer import ProcessWriter
         from kvstate.recorder import Recorder
         from kvstate.vllm._commit import GroupCommit
+        from kvstate.vllm._process import ObservedProcess
         from kvstate.vllm._scheduler import SchedulerObserver
         from kvstate.vllm._worker import WorkerObserver
 
@@ -227,7 +223,7 @@ def instrument(
                 prof.patch(cls, name, "kvstate")
         prof.patch(Recorder, "record", "kvstate")
         prof.patch(ProcessWriter, "_send", "kvstate")
-        prof.patch(_install, "_observe", "kvstate")
+        prof.patch(ObservedProcess, "observe", "kvstate")
         import journal.process_writer as pw
 
         for module_name in ("os", "signal"):  # the pipe write and the held signals

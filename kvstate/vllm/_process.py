@@ -1,0 +1,185 @@
+"""This process's observers: made on first use, ended together, never raising into vLLM.
+
+What every observed connector shares: the observers of this process (a
+scheduler's per connector object, a worker's per rank), the errors they
+met, the one :meth:`ObservedProcess.observe` every hook runs its
+observation through, and :meth:`ObservedProcess.finish`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kvstate.errors import RefusedValueError
+from kvstate.vllm import _journals
+from kvstate.vllm._compat import Connector
+from kvstate.vllm._patches import Patches
+from kvstate.vllm._scheduler import SchedulerObserver
+from kvstate.vllm._worker import WorkerObserver
+
+_log = logging.getLogger("kvstate.vllm")
+
+
+class ObservedProcess:
+    """The observation state of one process (see :mod:`kvstate.vllm._install`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        #: the observed connector, set by install()
+        self.connector: Connector | None = None
+        self.patches = Patches()
+        self.fingerprint = True
+        #: every observer of this process, closed by :meth:`finish`
+        self.schedulers: list[SchedulerObserver] = []
+        self.workers: dict[int, WorkerObserver] = {}
+        #: the worker's vLLM config, seen by ``MooncakeStoreWorker.__init__``
+        #: before its threads exist (they open the rank's journal and need
+        #: its world size)
+        self.worker_config: Any = None
+        #: errors inside the observer; a journal they touched is never reported clean
+        self.failures: list[str] = []
+        #: finish() ended this process's journals; install() starts anew
+        self.ended = False
+        #: ranks whose journal could not be opened: not tried again on every call
+        self.unobservable: set[int] = set()
+
+    def observe(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)``, one observation; an observer error never reaches vLLM.
+
+        vLLM's own work goes on. The journal is then incomplete, so
+        :meth:`finish` ends it with ``engine_crashed`` naming the error
+        instead of ``engine_idle``: replay reports ``CRASH``, never clean.
+        """
+        try:
+            return call(*args, **kwargs)
+        except RefusedValueError as exc:
+            # What the observer read off vLLM is not what the contract needs (a
+            # connector unit test's MagicMock block_size): it stands down, with
+            # the reason, instead of journaling values no reader could read.
+            self.failures.append(f"{type(exc).__name__}: {exc}")
+            _log.warning("kvstate observer stands down: %s", exc)
+            return None
+        except Exception as exc:
+            self.failures.append(f"{type(exc).__name__}: {exc}")
+            _log.exception("kvstate observer failed; the journal will end with engine_crashed")
+            return None
+
+    def _observing(self) -> bool:
+        # False after finish() until the next install(): an engine still
+        # running after finish is no longer observed, and must not start a
+        # journal mid-request.
+        return self.connector is not None and not self.ended
+
+    # -- where observers come from -----------------------------------------------------
+
+    def scheduler(self, sched: Any) -> SchedulerObserver | None:
+        """The observer of one connector's scheduler, made on first use.
+
+        None while not observing, and None for good if its journal could not
+        be opened: an error of ours never reaches vLLM.
+        """
+        observer = sched.__dict__.get("_kvstate_observer")
+        if observer is None and self._observing():
+            with self.lock:
+                observer = sched.__dict__.get("_kvstate_observer")
+                if observer is None and self._observing():
+                    made: SchedulerObserver | None = self.observe(self._new_scheduler, sched)
+                    # False: tried and failed, not tried again on every call
+                    observer = made if made is not None else False
+                    sched.__dict__["_kvstate_observer"] = observer
+                    if made is not None:
+                        self.schedulers.append(made)
+        if not observer or observer.closed:
+            return None  # never made, or its journal was ended by finish()
+        return observer
+
+    def worker(self, thread: Any) -> WorkerObserver | None:
+        """The observer of one rank of this process, made on first use (None as
+        for :meth:`scheduler`)."""
+        rank = int(getattr(thread, "tp_rank", 0))
+        observer = self.workers.get(rank)
+        if observer is None and self._observing():
+            with self.lock:
+                observer = self.workers.get(rank)
+                if observer is None and self._observing() and rank not in self.unobservable:
+                    observer = self.observe(self._new_worker, thread, rank)
+                    if observer is None:
+                        self.unobservable.add(rank)
+                    else:
+                        self.workers[rank] = observer
+        return observer
+
+    def _new_scheduler(self, sched: Any) -> SchedulerObserver:
+        config = sched.__dict__.get("_kvstate_config")
+        world = getattr(sched, "_num_workers", None) or _world_size(config)
+        recorder = self._open(config, "scheduler", sched._block_size, world)
+        return SchedulerObserver(
+            recorder,
+            block_size=sched._block_size,
+            world_size=world,
+            numbering=self._connector().flavor == "req-counters",
+        )
+
+    def _new_worker(self, thread: Any, rank: int) -> WorkerObserver:
+        config = self.worker_config
+        recorder = self._open(config, f"worker-{rank}", thread.block_size, _world_size(config))
+        return WorkerObserver(recorder, rank=rank, fingerprint=self.fingerprint)
+
+    def _open(self, config: Any, role: str, block_size: int, world_size: int) -> Any:
+        connector = self._connector()
+        return _journals.open_journal(
+            _journals.journal_dir(config),
+            role,
+            block_size=block_size,
+            world_size=world_size,
+            engine=f"vllm {connector.version} ({connector.flavor})",
+            run=_journals.run_name(config),
+        )
+
+    def _connector(self) -> Connector:
+        if self.connector is None:  # uninstall() raced the first call
+            raise RuntimeError("kvstate.vllm is not installed")
+        return self.connector
+
+    # -- the end ----------------------------------------------------------------------
+
+    def finish(self, *, audit: bool | None, error: str | None) -> dict[str, int]:
+        """See :func:`kvstate.vllm.finish`."""
+        counts = {"verified": 0, "poisoned": 0, "missing": 0}
+        read_back = (error is None) if audit is None else audit
+        with self.lock:
+            # An engine that goes on (a watchdog called this) is no longer
+            # observed: a journal opened now would start mid-request.
+            self.ended = True
+            for rank in sorted(self.workers):
+                observer = self.workers.pop(rank)
+                if read_back and not self.failures:
+                    for name, value in (self.observe(observer.audit) or {}).items():
+                        counts[name] += value
+                self.observe(observer.close)  # finish() never raises into its caller
+            if error is None and self.failures:
+                error = f"kvstate observer failed: {self.failures[0]}"
+            while self.schedulers:
+                self.observe(self.schedulers.pop().close, error=error)
+            _journals.new_fallback_run()
+        return counts
+
+    def close_at_exit(self) -> None:
+        """A process that exits without finish() ends its journals where they are.
+
+        No ``engine_idle`` is written: nobody said the engine was idle, so
+        replay reports the journals ``UNFINISHED`` rather than clean.
+        """
+        with self.lock:
+            for rank in sorted(self.workers):
+                self.workers.pop(rank).close()
+            while self.schedulers:
+                self.schedulers.pop().recorder.close()
+
+
+def _world_size(config: Any) -> int:
+    parallel = getattr(config, "parallel_config", None)
+    return int(getattr(parallel, "world_size", 1) or 1)
