@@ -40,6 +40,7 @@ def snapshot(ledger: L) -> L:
     new.foreign_loads = ledger.foreign_loads
     new.pinned = dict(ledger.pinned)
     new.reported_once = ledger.reported_once.copy()
+    new.offload = ledger.offload.copy()
     return new
 
 

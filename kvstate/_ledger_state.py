@@ -15,6 +15,7 @@ import attrs
 
 from . import events as ev
 from ._layered import LayeredSet
+from ._offload import OffloadState
 from .archive import Archive
 from .rank import RankLedger
 from .state import BlockState, RequestState, StoreJobState
@@ -69,6 +70,8 @@ class LedgerState:
     pinned: dict[int, None] = attrs.field(factory=dict, metadata={FOLDED: True})
     #: (code, entity) of the findings reported once (copies share it, see _layered)
     reported_once: LayeredSet = attrs.field(factory=LayeredSet, metadata={FOLDED: True})
+    #: loads, flushes and the offload tier (kvstate.tier_events)
+    offload: OffloadState = attrs.field(factory=OffloadState, metadata={FOLDED: True})
 
     @property
     def block_size(self) -> int:

@@ -27,6 +27,7 @@ from journal import RecordError
 
 from . import _copies
 from . import events as ev
+from . import tier_events as tier
 from ._blocks import assign, drop
 from ._blocks import block as block_state
 from ._ledger_state import LedgerState, folded_state
@@ -105,6 +106,11 @@ class Ledger(LedgerState):
             ev.KeyLoaded: self._on_key_loaded,
             ev.KeyMissing: self._on_key_missing,
             ev.RecordRefused: self._on_refused,
+            tier.LoadEnqueued: self._on_load_enqueued,
+            tier.FlushRequested: self._on_flush_requested,
+            tier.FlushDone: self._on_flush_done,
+            tier.TierStored: self._on_tier_stored,
+            tier.TierEvicted: self._on_tier_evicted,
         }
 
     # -- the transition function ---------------------------------------------------
@@ -181,6 +187,7 @@ class Ledger(LedgerState):
         # A later header (journals of one run merged) was checked in apply().
         if self.header is None:
             self.header = event
+            self.offload.on = event.protocol == tier.OFFLOADING
 
     def _on_admitted(self, seq: int, event: ev.RequestAdmitted, out: Out) -> None:
         inc = self._new_generation(seq, event.kind, event.req, event.gen, out)
@@ -203,6 +210,11 @@ class Ledger(LedgerState):
         # epoch.
         for block in event.blocks:
             assign(self.blocks, block, seq, block in cached, holder)
+        readers = self.offload.readers
+        if readers:
+            for block in event.blocks:
+                if block in readers and self.blocks[block].epoch_seq == seq:
+                    self.offload.reused(seq, self.step, block, self.jobs, out)
         if event.mode == "replace":
             for block in inc.table:
                 drop(self.blocks, block, seq, out, f"replacing the table of {holder}")
@@ -252,31 +264,7 @@ class Ledger(LedgerState):
     # -- jobs --------------------------------------------------------------------------
 
     def _on_job_enqueued(self, seq: int, event: ev.JobEnqueued, out: Out) -> None:
-        header = self.header
-        if header is not None and event.world_size != header.world_size:
-            # Every completion and report count is judged against the job's
-            # world_size: one that contradicts the engine's is not a journal
-            # of that engine (two runs merged, or a writer's bug).
-            raise RecordError(
-                f"job_enqueued says world_size={event.world_size} for job {event.job}; "
-                f"journal_opened says world_size={header.world_size}",
-                seq=seq,
-            )
-        if self.last_job is not None and event.job <= self.last_job:
-            earlier = self.jobs.get(event.job)
-            why = f"job id {event.job} is not greater than the earlier job id {self.last_job}"
-            out.append(
-                finding(
-                    Code.ID_REUSED,
-                    seq,
-                    why,
-                    self.last_job_seq,
-                    earlier.enqueued_seq if earlier else None,
-                    of=event,
-                )
-            )
-        else:
-            self.last_job, self.last_job_seq = event.job, seq
+        self._new_job(seq, event, out)
         inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
         if inc is not None:
             check_enqueued_reads(self, seq, event, inc, out)
@@ -285,7 +273,7 @@ class Ledger(LedgerState):
             block_state(self.blocks, block).refs += 1
         blocks = self.blocks
         read_epochs = tuple(blocks[b].epoch if b in blocks else 0 for b in event.reads)
-        self.jobs[event.job] = StoreJobState(
+        job = self.jobs[event.job] = StoreJobState(
             event.job,
             event.req,
             event.gen,
@@ -306,6 +294,47 @@ class Ledger(LedgerState):
         key_written = self.archive.key_written
         for key in event.keys:
             key_written(key, seq, event.job)
+        self.offload.enqueued(seq, job, self.jobs, out)
+
+    def _on_load_enqueued(self, seq: int, event: tier.LoadEnqueued, out: Out) -> None:
+        self._new_job(seq, event, out)
+        inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
+        # A load reads and pins no device block: it writes ``writes`` from the tier.
+        job, req, gen, keys, world = event.job, event.req, event.gen, event.keys, event.world_size
+        load = StoreJobState(job, req, gen, 0, 0, (), (), (), keys, None, world, seq)
+        load.load, load.writes = True, event.writes
+        self.jobs[job] = load
+        if inc is None and self.parking is not None:
+            self.parking.unparkable.add(event.req)
+        self.offload.enqueued(seq, load, self.jobs, out)
+
+    def _new_job(self, seq: int, event: ev.JobEnqueued | tier.LoadEnqueued, out: Out) -> None:
+        """A job id must be new, and its world the engine's (store and load jobs alike)."""
+        header = self.header
+        if header is not None and event.world_size != header.world_size:
+            # Every completion and report count is judged against the job's
+            # world_size: one that contradicts the engine's is not a journal
+            # of that engine (two runs merged, or a writer's bug).
+            raise RecordError(
+                f"{event.kind} says world_size={event.world_size} for job {event.job}; "
+                f"journal_opened says world_size={header.world_size}",
+                seq=seq,
+            )
+        if self.last_job is not None and event.job <= self.last_job:
+            earlier = self.jobs.get(event.job)
+            why = f"job id {event.job} is not greater than the earlier job id {self.last_job}"
+            out.append(
+                finding(
+                    Code.ID_REUSED,
+                    seq,
+                    why,
+                    self.last_job_seq,
+                    earlier.enqueued_seq if earlier else None,
+                    of=event,
+                )
+            )
+        else:
+            self.last_job, self.last_job_seq = event.job, seq
 
     def _job(self, seq: int, kind: str, job: int, out: Out) -> StoreJobState | None:
         state = self.jobs.get(job)
@@ -316,7 +345,7 @@ class Ledger(LedgerState):
 
     def _on_completions(self, seq: int, event: ev.CompletionsReceived, out: Out) -> None:
         job = self._job(seq, event.kind, event.job, out)
-        if job is None:
+        if job is None or self.offload.stale_completion(seq, job, out):
             return
         job.completions += event.count
         chain = chain_of(job.enqueued_seq, *job.completion_seqs)
@@ -373,6 +402,7 @@ class Ledger(LedgerState):
             drop(self.blocks, block, seq, out, f"releasing job {job.job}'s pins")
         job.released_seq = seq
         self.pinned.pop(job.job, None)
+        self.offload.ended(job)
 
     # -- worker side -------------------------------------------------------------------
 
@@ -404,6 +434,28 @@ class Ledger(LedgerState):
         job.ranks[rank] = rank_job
         if kind in _DMA_KINDS:
             check_epochs(self, seq, event, job, out)
+        elif kind is ev.JobReported and self.offload.read_done:
+            self.offload.finished_reading(job, rank)
+
+    # -- flushes and the offload tier (kvstate.tier_events) ----------------------------
+
+    def _on_flush_requested(self, seq: int, event: tier.FlushRequested, out: Out) -> None:
+        for job_id in event.jobs:
+            self._job(seq, event.kind, job_id, out)
+        self.offload.flush_requested(seq, self.step, event.jobs)
+
+    def _on_flush_done(self, seq: int, event: tier.FlushDone, out: Out) -> None:
+        for job_id in event.jobs:
+            job = self._job(seq, event.kind, job_id, out)
+            if job is not None:
+                self.offload.finished_reading(job, event.rank)
+
+    def _on_tier_stored(self, seq: int, event: tier.TierStored, out: Out) -> None:
+        self._job(seq, event.kind, event.job, out)
+        self.offload.tier_stored(seq, event.keys, self.jobs, out)
+
+    def _on_tier_evicted(self, seq: int, event: tier.TierEvicted, out: Out) -> None:
+        self.offload.tier_evicted(seq, event.keys, self.jobs, out)
 
     # -- engine and audit --------------------------------------------------------------
 

@@ -146,6 +146,10 @@ class StoreJobState:
     completions: int = 0
     completion_seqs: list[int] = attrs.Factory(list)
     released_seq: int | None = None
+    #: a load job (``load_enqueued``): it writes ``writes`` from the tier's
+    #: ``keys`` and reads and pins no device block
+    load: bool = False
+    writes: tuple[int, ...] = ()
 
     def copy(self, ranks: dict[int, RankJobState]) -> StoreJobState:
         """A copy whose per-rank states are ``ranks`` (the copies the rank ledgers hold)."""
@@ -168,6 +172,7 @@ class StoreJobState:
             "ranks": {str(r): rj.to_dict() for r, rj in sorted(self.ranks.items())},
             "completions": self.completions,
             "released": self.released_seq is not None,
+            **({"load": True, "writes": list(self.writes)} if self.load else {}),
         }
 
 

@@ -44,6 +44,11 @@ class Code(str, enum.Enum):
     # -- additions (docs/events.md): violations --
     LEAKED_BLOCKS = "LEAKED_BLOCKS"
     RECORD_REFUSED = "RECORD_REFUSED"
+    # -- additions for connectors that load as well as store (kvstate.tier_events) --
+    LOAD_STORE_OVERLAP = "LOAD_STORE_OVERLAP"
+    STALE_COMPLETION = "STALE_COMPLETION"
+    UNFLUSHED_REUSE = "UNFLUSHED_REUSE"
+    TIER_READ_STALE = "TIER_READ_STALE"
     # -- docs/events.md, "Violation codes": warnings (do not change the verdict) --
     RELEASE_ORDER = "RELEASE_ORDER"
     # -- additions (docs/events.md): warnings only --
@@ -326,6 +331,30 @@ class LeakedBlocksError(InvariantViolation):
     """``engine_idle`` while an incarnation never preempted or finished holds blocks."""
 
     code = Code.LEAKED_BLOCKS
+
+
+class LoadStoreOverlapError(InvariantViolation):
+    """A load and a store of one request in flight at once (vLLM #46014)."""
+
+    code = Code.LOAD_STORE_OVERLAP
+
+
+class StaleCompletionError(InvariantViolation):
+    """A completion of a job that already ended (vLLM #39186)."""
+
+    code = Code.STALE_COMPLETION
+
+
+class UnflushedReuseError(InvariantViolation):
+    """A block a live store still reads handed on without a flush (vLLM #29870)."""
+
+    code = Code.UNFLUSHED_REUSE
+
+
+class TierReadStaleError(InvariantViolation):
+    """A load of a tier key that is not held, or that is evicted or rewritten under it."""
+
+    code = Code.TIER_READ_STALE
 
 
 EXCEPTIONS: dict[Code, type[InvariantViolation]] = {

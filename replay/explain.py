@@ -51,6 +51,16 @@ def describe(event: ev.Event) -> str:
             f"job {e.job} of {e.req}/{e.gen} enqueued: tokens {e.token_start}-{e.token_end}, "
             f"reads {list(e.reads)}, pins {list(e.pins)}"
         )
+    if kind == "load_enqueued":
+        return f"load job {e.job} of {e.req}/{e.gen} enqueued: {list(e.keys)} into {list(e.writes)}"
+    if kind == "flush_requested":
+        return f"flush of jobs {list(e.jobs)} requested"
+    if kind == "flush_done":
+        return f"waited for jobs {list(e.jobs)}"
+    if kind == "tier_stored":
+        return f"tier holds {list(e.keys)} of job {e.job}"
+    if kind == "tier_evicted":
+        return f"tier evicted {list(e.keys)}"
     if kind == "completions_received":
         return f"{e.count} completion(s) of job {e.job}"
     if kind == "pins_released":

@@ -46,6 +46,10 @@ class Timeline:
         }
 
 
+#: the records that begin a job: a store or a load (kvstate.tier_events)
+_ENQUEUES = (ev.JobEnqueued, ev.tier_events.LoadEnqueued)
+
+
 def selector(req: str | None, job: int | None) -> Callable[[Any], bool]:
     """A stateful predicate: which records belong to a request's (all generations)
     or a job's timeline, fed the events in journal order."""
@@ -53,7 +57,7 @@ def selector(req: str | None, job: int | None) -> Callable[[Any], bool]:
     incarnation: list[tuple[str, int]] = []  # the job's (req, gen), once enqueued
 
     def wanted(event: Any) -> bool:
-        if type(event) is ev.JobEnqueued:
+        if type(event) in _ENQUEUES:
             if job is not None and event.job == job:
                 incarnation.append((event.req, event.gen))
                 return True
@@ -64,6 +68,9 @@ def selector(req: str | None, job: int | None) -> Callable[[Any], bool]:
         event_job = getattr(event, "job", None)
         if event_job is not None:
             return event_job == job or event_job in jobs
+        flushed = getattr(event, "jobs", None)  # flush_requested, flush_done
+        if flushed is not None:
+            return job in flushed or not jobs.isdisjoint(flushed)
         if req is not None:
             return getattr(event, "req", None) == req
         # a job's timeline also shows what happened to its incarnation

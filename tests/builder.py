@@ -11,18 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from journal import Record
-from kvstate.codec import from_record
+from kvstate.codec import Entry, from_record
 from kvstate.ledger import Ledger
 from kvstate.violations import Violation
 
 
 class JournalBuilder:
-    def __init__(self, *, world_size: int = 1, block_size: int = 4) -> None:
+    def __init__(
+        self, *, world_size: int = 1, block_size: int = 4, protocol: str | None = None
+    ) -> None:
         self.world_size = world_size
         self.block_size = block_size
         self.records: list[dict[str, Any]] = []
         self.step = 0
-        self.add("journal_opened", version=1, block_size=block_size, world_size=world_size)
+        header = {"protocol": protocol} if protocol is not None else {}
+        self.add(
+            "journal_opened", version=1, block_size=block_size, world_size=world_size, **header
+        )
 
     def add(self, kind: str, **fields: Any) -> int:
         seq = len(self.records) + 1
@@ -85,15 +90,21 @@ class JournalBuilder:
 
     # -- outputs -------------------------------------------------------------------
 
-    def fold(self) -> tuple[list[Violation], list[Violation]]:
-        """(violations, warnings) of the journal."""
-        ledger = Ledger()
-        found: list[Violation] = []
+    def entries(self) -> list[Entry]:
+        """The records decoded, as a reader would hand them to the fold."""
+        out = []
         for raw in self.records:
             fields = dict(raw)
             seq, kind, step = fields.pop("seq"), fields.pop("kind"), fields.pop("step")
             rank = fields.pop("rank", None)
-            entry = from_record(Record(seq, kind, fields, step, rank))
+            out.append(from_record(Record(seq, kind, fields, step, rank)))
+        return out
+
+    def fold(self) -> tuple[list[Violation], list[Violation]]:
+        """(violations, warnings) of the journal."""
+        ledger = Ledger()
+        found: list[Violation] = []
+        for entry in self.entries():
             found.extend(ledger.apply(entry.seq, entry.step, entry.event))
         return [v for v in found if not v.is_warning], [v for v in found if v.is_warning]
 

@@ -87,6 +87,20 @@ ADDED_KINDS = {"key_missing", "key_loaded", "record_refused"}
 EXAMPLES["key_missing"] = {"key": "k1", "reason": "evicted"}
 EXAMPLES["key_loaded"] = {"req": "r1", "gen": 0, "key": "k1", "digest": "9f2c"}
 EXAMPLES["record_refused"] = {"refused": "blocks_assigned", "error": "'blocks' must be ..."}
+#: additions for connectors that load as well as store (kvstate.tier_events)
+ADDED_KINDS |= {"load_enqueued", "flush_requested", "flush_done", "tier_stored", "tier_evicted"}
+EXAMPLES["load_enqueued"] = {
+    "job": 4,
+    "req": "r",
+    "gen": 1,
+    "writes": [5, 6],
+    "keys": ["k1", "k2"],
+    "world_size": 2,
+}
+EXAMPLES["flush_requested"] = {"jobs": [3]}
+EXAMPLES["flush_done"] = {"jobs": [3]}
+EXAMPLES["tier_stored"] = {"job": 3, "keys": ["k1", "k2"]}
+EXAMPLES["tier_evicted"] = {"keys": ["k1"]}
 
 
 def record(kind: str, payload: dict[str, object], *, seq: int = 7, step: int = 2) -> Record:

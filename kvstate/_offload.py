@@ -1,0 +1,237 @@
+"""The fold's part for connectors that load as well as store (:mod:`kvstate.tier_events`).
+
+:class:`OffloadState` holds what the four checks of the offloading protocol
+need and nothing else; the ledger calls it from the records that change it.
+It knows jobs only as :class:`~kvstate.state.StoreJobState` rows, so it is a
+leaf: it imports no ledger.
+
+- ``LOAD_STORE_OVERLAP`` (vLLM #46014): a request re-admitted while a store
+  from before its preemption is still in flight gets a load, and the
+  connector's one-transfer-per-request bookkeeping breaks. Checked wherever
+  loads are journaled.
+- ``TIER_READ_STALE``: a load reads tier keys from its enqueue to its end;
+  an eviction or a new store of one of them in that window hands the load
+  other bytes. Under the protocol a load of a key the tier does not hold at
+  enqueue is one too (the journal then records every store and eviction).
+- ``UNFLUSHED_REUSE`` (vLLM #29870, under the protocol only): a store pins
+  nothing, so when a block it still reads is handed to a new holder (a new
+  epoch), the store must be in that step's ``flush_requested`` or have
+  finished reading on every rank (``job_reported`` or ``flush_done``);
+  otherwise the new holder's writes race the store's reads.
+- ``STALE_COMPLETION`` (vLLM #39186, under the protocol only): a completion
+  counted for a job that already ended was meant for some other job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .state import StoreJobState
+from .violations import Code, Violation, finding
+
+Out = list[Violation]
+
+
+def _copy_sets(d: dict[Any, dict[int, None]]) -> dict[Any, dict[int, None]]:
+    return {k: dict(v) for k, v in d.items()}
+
+
+@attrs.define(slots=True)
+class OffloadState:
+    """The offloading protocol's folded state (see the module docstring)."""
+
+    #: the header declared ``protocol: "offloading"``
+    on: bool = False
+    #: req -> its jobs enqueued and not yet ended (job -> True for a load)
+    live: dict[str, dict[int, bool]] = attrs.Factory(dict)
+    #: block -> live stores still reading it on some rank (protocol only)
+    readers: dict[int, dict[int, None]] = attrs.Factory(dict)
+    #: store job -> ranks on which it finished reading (protocol only)
+    read_done: dict[int, set[int]] = attrs.Factory(dict)
+    #: the step of the last flush_requested, and the jobs it flushed so far
+    flush_step: int = -1
+    flushed: dict[int, int] = attrs.Factory(dict)
+    #: tier key -> the seq of the tier_stored that holds it now
+    held: dict[str, int] = attrs.Factory(dict)
+    #: tier key -> the seq of the tier_evicted that dropped it last
+    evicted: dict[str, int] = attrs.Factory(dict)
+    #: tier key -> live loads reading it
+    reading: dict[str, dict[int, None]] = attrs.Factory(dict)
+
+    def copy(self) -> OffloadState:
+        return attrs.evolve(
+            self,
+            live={req: dict(jobs) for req, jobs in self.live.items()},
+            readers=_copy_sets(self.readers),
+            read_done={job: set(ranks) for job, ranks in self.read_done.items()},
+            flushed=dict(self.flushed),
+            held=dict(self.held),
+            evicted=dict(self.evicted),
+            reading=_copy_sets(self.reading),
+        )
+
+    # -- jobs begin and end --------------------------------------------------------------
+
+    def enqueued(
+        self, seq: int, job: StoreJobState, jobs: dict[int, StoreJobState], out: Out
+    ) -> None:
+        """A store or load job was enqueued: it must not overlap the other kind."""
+        mine = self.live.setdefault(job.req, {})
+        other = next((j for j, is_load in mine.items() if is_load != job.load), None)
+        if other is not None:
+            earlier = jobs.get(other)
+            what = "load" if job.load else "store"
+            then = "store" if job.load else "load"
+            why = (
+                f"{what} job {job.job} of {job.req!r} enqueued while its {then} job {other} "
+                f"(of gen {earlier.gen if earlier else '?'}) is still in flight: a load and "
+                f"a store of one request at once"
+            )
+            out.append(
+                finding(
+                    Code.LOAD_STORE_OVERLAP,
+                    seq,
+                    why,
+                    earlier.enqueued_seq if earlier else None,
+                    of=job,
+                )
+            )
+        mine[job.job] = job.load
+        if job.load:
+            self._load_reads(seq, job, out)
+        elif self.on and job.reads:
+            self.read_done[job.job] = set()
+            for block in job.reads:
+                self.readers.setdefault(block, {})[job.job] = None
+
+    def _load_reads(self, seq: int, job: StoreJobState, out: Out) -> None:
+        for key in job.keys:
+            if self.on and key not in self.held:
+                gone = self.evicted.get(key)
+                why = f"load job {job.job} reads tier key {key!r}, which the tier " + (
+                    "evicted" if gone is not None else "never held"
+                )
+                out.append(finding(Code.TIER_READ_STALE, seq, why, gone, of=job, key=key))
+            self.reading.setdefault(key, {})[job.job] = None
+
+    def ended(self, job: StoreJobState) -> None:
+        """The job's end (``pins_released``): it reads and races nothing any more."""
+        mine = self.live.get(job.req)
+        if mine is not None:
+            mine.pop(job.job, None)
+            if not mine:
+                del self.live[job.req]
+        if job.load:
+            for key in job.keys:
+                self._forget(self.reading, key, job.job)
+        else:
+            self._stop_reading(job)
+
+    def _stop_reading(self, job: StoreJobState) -> None:
+        if self.read_done.pop(job.job, None) is None:
+            return
+        for block in job.reads:
+            self._forget(self.readers, block, job.job)
+
+    @staticmethod
+    def _forget(index: dict[Any, dict[int, None]], name: Any, job: int) -> None:
+        holders = index.get(name)
+        if holders is not None:
+            holders.pop(job, None)
+            if not holders:
+                del index[name]
+
+    # -- flushes and completions ---------------------------------------------------------
+
+    def flush_requested(self, seq: int, step: int, job_ids: tuple[int, ...]) -> None:
+        if step != self.flush_step:
+            self.flush_step, self.flushed = step, {}
+        for job in job_ids:
+            self.flushed.setdefault(job, seq)
+
+    def finished_reading(self, job: StoreJobState, rank: int) -> None:
+        """Rank ``rank`` is done with the store's blocks (reported, or waited for)."""
+        done = self.read_done.get(job.job)
+        if done is None:
+            return
+        done.add(rank)
+        if len(done) >= job.world_size:
+            self._stop_reading(job)
+
+    def reused(
+        self, seq: int, step: int, block: int, jobs: dict[int, StoreJobState], out: Out
+    ) -> None:
+        """``block`` got a new epoch at ``seq``: every store still reading it
+        must have been flushed in this step."""
+        flushed = self.flushed if step == self.flush_step else {}
+        for job_id in list(self.readers.get(block, ())):
+            if job_id in flushed:
+                continue
+            job = jobs.get(job_id)
+            if job is None:
+                continue
+            done = self.read_done.get(job_id, set())
+            why = (
+                f"block {block}, still read by store job {job_id} (finished on "
+                f"{len(done)} of {job.world_size} rank(s)), handed to a new holder "
+                f"without a flush of that job in step {step}: the new holder's "
+                f"writes race the store's reads"
+            )
+            out.append(
+                finding(Code.UNFLUSHED_REUSE, seq, why, job.enqueued_seq, of=job, block=block)
+            )
+            # Reported once per job: its later reuses are the same race.
+            self._stop_reading(job)
+
+    def stale_completion(self, seq: int, job: StoreJobState, out: Out) -> bool:
+        """Under the protocol, a completion of a job that ended is stale."""
+        if not self.on or job.released_seq is None:
+            return False
+        why = (
+            f"completion received for job {job.job} of {job.req!r}, which ended at "
+            f"seq {job.released_seq}: it was meant for another transfer"
+        )
+        out.append(
+            finding(Code.STALE_COMPLETION, seq, why, job.enqueued_seq, job.released_seq, of=job)
+        )
+        return True
+
+    # -- the tier ------------------------------------------------------------------------
+
+    def tier_stored(
+        self, seq: int, keys: tuple[str, ...], jobs: dict[int, StoreJobState], out: Out
+    ) -> None:
+        for key in keys:
+            self._under_a_load(seq, key, "rewritten", jobs, out)
+            self.held[key] = seq
+            self.evicted.pop(key, None)
+
+    def tier_evicted(
+        self, seq: int, keys: tuple[str, ...], jobs: dict[int, StoreJobState], out: Out
+    ) -> None:
+        for key in keys:
+            self._under_a_load(seq, key, "evicted", jobs, out)
+            self.held.pop(key, None)
+            self.evicted[key] = seq
+
+    def _under_a_load(
+        self, seq: int, key: str, how: str, jobs: dict[int, StoreJobState], out: Out
+    ) -> None:
+        for job_id in self.reading.get(key, ()):
+            load = jobs.get(job_id)
+            if load is None:
+                continue
+            why = f"tier key {key!r} {how} while load job {job_id} still reads it"
+            out.append(
+                finding(
+                    Code.TIER_READ_STALE,
+                    seq,
+                    why,
+                    load.enqueued_seq,
+                    self.held.get(key),
+                    of=load,
+                    key=key,
+                )
+            )
