@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvstate.vllm._compat import TESTED, Connector, UnsupportedVLLMError, detect
-from kvstate.vllm._install import finish, install, installed, patched, uninstall
+from kvstate.vllm._install import finish, install, installed, outstanding, patched, uninstall
 
 __all__ = [
     "TESTED",
@@ -29,6 +29,7 @@ __all__ = [
     "finish",
     "install",
     "installed",
+    "outstanding",
     "patched",
     "uninstall",
 ]

@@ -67,6 +67,18 @@ def uninstall() -> None:
         process.connector = None
 
 
+def outstanding() -> int:
+    """Store jobs this process's ranks received and have not reported yet.
+
+    A sending thread still owes their records, and their puts: a caller
+    about to :func:`finish` a drained engine steps it until this is 0, so
+    the audit reads back every key the engine wrote and no record comes
+    after its journal closed (the engine's own watchdog ends a run whose
+    sending thread stops making progress).
+    """
+    return process.outstanding()
+
+
 def finish(*, audit: bool | None = None, error: str | None = None) -> dict[str, int]:
     """End this process's journals: audit the store, then ``engine_idle`` (or a crash).
 

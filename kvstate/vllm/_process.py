@@ -146,6 +146,12 @@ class ObservedProcess:
 
     # -- the end ----------------------------------------------------------------------
 
+    def outstanding(self) -> int:
+        """Jobs this process's ranks received and have not reported yet."""
+        with self.lock:
+            workers = list(self.workers.values())
+        return sum(len(w.unreported) for w in workers)
+
     def finish(self, *, audit: bool | None, error: str | None) -> dict[str, int]:
         """See :func:`kvstate.vllm.finish`."""
         counts = {"verified": 0, "poisoned": 0, "missing": 0}

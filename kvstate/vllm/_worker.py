@@ -95,6 +95,9 @@ class WorkerObserver:
         self.newest: dict[str, int] = {}
         self.preempting: dict[str, int] = {}
         self.store: Any = None
+        #: jobs received and not yet reported: a sending thread still owes
+        #: their records (finish() waits for them; see kvstate.vllm.outstanding)
+        self.unreported: set[int] = set()
 
     def _record(self, event: ev.Event) -> None:
         self.recorder.record(event, self.step)
@@ -131,6 +134,7 @@ class WorkerObserver:
         if gen is not None and gen > self.newest.get(meta.req_id, -1):
             self.newest[meta.req_id] = gen
         self._record(ev.JobReceived(job=job, rank=self.rank))
+        self.unreported.add(job)
         if self.fingerprint:
             self.requested[job] = self._fingerprint_blocks(thread, meta)
 
@@ -167,6 +171,7 @@ class WorkerObserver:
         if not run.started:
             self._record(ev.JobSkipped(job=run.id, rank=self.rank, reason=run.reason))
         self._record(ev.JobReported(job=run.id, rank=self.rank))
+        self.unreported.discard(run.id)
         self.requested.pop(run.id, None)
 
     def offset_saved(self, req: str, offset: int) -> None:
