@@ -11,6 +11,9 @@ the greedy tokens every other run is compared with; ``mode="plain"`` runs
 vLLM's connector without kvstate (the overhead benchmark's baseline).
 ``mode="journal"`` journals it through the connector setting, or with
 ``via="install"`` through ``kvstate.vllm.install()`` and vLLM's own name.
+``connector="offloading"`` runs vLLM's OffloadingConnector instead, on the
+host tier of :mod:`kvstate.vllm.host_tier` (``put_delay`` then delays each
+store's copy, ``tier_bytes`` sizes the tier); round 2 loads from the tier.
 
 A watchdog ends a run that stops making progress (the connector before
 vLLM #52372 can starve its pool): no step with output and no put for
@@ -115,6 +118,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
 
     model = checkpoint.write(Path(cfg["model"]), seed=cfg.get("model_seed", 0))
     mode = cfg["mode"]
+    offloading = cfg.get("connector", "mooncake") == "offloading"
+    if offloading and mode == "journal":
+        raise SystemExit("the offloading connector is not journaled yet: use mode 'plain'")
     result: dict[str, Any] = {"mode": mode, "round1": {}, "round2": {}}
     started = time.monotonic()
     progress = Progress()
@@ -134,7 +140,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                 )[0]
             else:
                 kvstate.vllm.install(cfg["journal_dir"], fingerprint=cfg.get("fingerprint", True))
-        if cfg.get("put_delay", 0) > 0:
+        if cfg.get("put_delay", 0) > 0 and not offloading:
             _slow_puts(float(cfg["put_delay"]), progress)
 
     out_path = Path(cfg["out"])
@@ -165,7 +171,20 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
     kwargs: dict[str, Any] = {}
-    if mode != "reference":
+    if mode != "reference" and offloading:
+        from kvstate.vllm import host_tier
+
+        kwargs["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={
+                "spec_name": "HostTierSpec",
+                "spec_module_path": "kvstate.vllm.host_tier",
+                "cpu_bytes_to_use": int(cfg.get("tier_bytes", 1 << 24)),
+                host_tier.DELAY_KEY: float(cfg.get("put_delay", 0)),
+            },
+        )
+    elif mode != "reference":
         extra: dict[str, Any] = {"load_async": True}
         name = "MooncakeStoreConnector"
         # Two ways in: the connector setting, or install() and vLLM's own name.
@@ -179,7 +198,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             kv_connector_extra_config=extra,
             **({"kv_connector_module_path": "kvstate.vllm"} if subclass else {}),
         )
-    if mode != "reference" and cfg.get("kv_events", True):
+    if mode != "reference" and not offloading and cfg.get("kv_events", True):
         # The connector publishes BlockStored events only with KV events on;
         # the journal then checks each event's parent against the hash chain.
         from vllm.config import KVEventsConfig
@@ -232,6 +251,10 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         progress.phase = "draining"
         result["drained"] = _drain(llm)
     watchdog.stop()
+    if offloading and mode != "reference":
+        from kvstate.vllm import host_tier
+
+        result["tier"] = dict(host_tier.TALLY)
     if journaled:
         import kvstate.vllm
 
@@ -273,15 +296,25 @@ def _parallel(tp: int) -> dict[str, Any]:
 
 
 def _drain(llm: Any) -> bool:
-    """Step an idle engine until the connector holds no store work (puts that
-    stop completing are the watchdog's to end)."""
+    """Step an idle engine until the connector holds no store work and no
+    journaled rank of this process owes a job's report (puts that stop
+    completing are the watchdog's to end).
+
+    The connector before vLLM #52372 says nothing of its queued puts
+    (``has_pending_push_work`` is the base class's False), so the observer's
+    own count is asked too: without it finish() audited the store while
+    puts were still queued, and their records came after the journal closed.
+    """
     engine = llm.llm_engine
+    observed = sys.modules.get("kvstate.vllm")
     while True:
         core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
         scheduler = getattr(core, "scheduler", None)
         connector = getattr(scheduler, "connector", None)
         pending = getattr(connector, "has_pending_push_work", None)
-        if pending is None or not pending():
+        busy = pending is not None and pending()
+        owed = observed is not None and observed.outstanding() > 0
+        if not busy and not owed:
             return True
         engine.step()
         time.sleep(0.01)
