@@ -20,15 +20,24 @@ leaf: it imports no ledger.
   otherwise the new holder's writes race the store's reads.
 - ``STALE_COMPLETION`` (vLLM #39186, under the protocol only): a completion
   counted for a job that already ended was meant for some other job.
+
+A finish-time store: the connector builds a finished request's last stores
+at the next step, after vLLM freed its blocks, and fences them by the flush
+alone. Under the protocol such a store may read its request's final table;
+a block of it that a new holder got since the finish must be flushed in
+the step that hands it over (``flush_requested`` of that step, recorded
+after the store), else ``UNFLUSHED_REUSE``: the new holder's forward pass
+writes it while the store still reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
 
-from .state import StoreJobState
+from .state import BlockState, Incarnation, StoreJobState
 from .violations import Code, Violation, finding
 
 Out = list[Violation]
@@ -59,6 +68,11 @@ class OffloadState:
     evicted: dict[str, int] = attrs.Factory(dict)
     #: tier key -> live loads reading it
     reading: dict[str, dict[int, None]] = attrs.Factory(dict)
+    #: the seq of the current scheduler step's first record
+    step_seq: int = 0
+    #: finish-time store -> (its job_enqueued, that record's seq, a block handed
+    #: over this step, the hand-over's seq): to be flushed before the step ends
+    due: dict[int, tuple[Any, int, int, int]] = attrs.Factory(dict)
 
     def copy(self) -> OffloadState:
         return attrs.evolve(
@@ -70,6 +84,7 @@ class OffloadState:
             held=dict(self.held),
             evicted=dict(self.evicted),
             reading=_copy_sets(self.reading),
+            due=dict(self.due),
         )
 
     # -- jobs begin and end --------------------------------------------------------------
@@ -148,8 +163,63 @@ class OffloadState:
     def flush_requested(self, seq: int, step: int, job_ids: tuple[int, ...]) -> None:
         if step != self.flush_step:
             self.flush_step, self.flushed = step, {}
+        due = self.due
         for job in job_ids:
             self.flushed.setdefault(job, seq)
+            if due:
+                due.pop(job, None)
+
+    def fenced_reads(
+        self,
+        seq: int,
+        event: Any,
+        blocks: Iterable[int],
+        inc: Incarnation,
+        states: dict[int, BlockState],
+        out: Out,
+    ) -> None:
+        """A finish-time store reads ``blocks`` of its request's final table
+        (see the module docstring): each one handed over since the finish must
+        be flushed in this step."""
+        finished = inc.ended_seq or 0
+        for block in sorted(blocks):
+            state = states.get(block)
+            given = state.epoch_seq if state is not None else None
+            if given is None or given <= finished:
+                continue  # still free: a later hand-over is checked by reused()
+            if given >= self.step_seq:
+                self.due.setdefault(event.job, (event, seq, block, given))
+                continue
+            why = (
+                f"store job {event.job} of {inc.name} reads block {block} of the "
+                f"finished request's table, but the block was handed to "
+                f"{state.epoch_holder if state else 'another holder'} in an earlier "
+                f"step (seq {given}): its new holder may have written it already"
+            )
+            out.append(
+                finding(Code.UNFLUSHED_REUSE, seq, why, finished, given, of=event, block=block)
+            )
+
+    def step_began(self, seq: int, out: Out) -> None:
+        """A new scheduler step: the last one's due flushes are late now."""
+        if self.due:
+            self.steps_end(seq, out)
+        self.step_seq = seq
+
+    def steps_end(self, seq: int, out: Out) -> None:
+        """The step ended (a new one, or ``engine_idle``): report what it did not flush."""
+        for job, (event, enqueued, block, given) in sorted(self.due.items()):
+            why = (
+                f"store job {job} of {event.req}/{event.gen} reads block {block} of "
+                f"its finished request's table; "
+                f"the block was handed to a new holder in the same step (seq {given}), "
+                f"and that step ended without a flush of the job: the new holder's "
+                f"writes race the store's reads"
+            )
+            out.append(
+                finding(Code.UNFLUSHED_REUSE, seq, why, enqueued, given, of=event, block=block)
+            )
+        self.due.clear()
 
     def finished_reading(self, job: StoreJobState, rank: int) -> None:
         """Rank ``rank`` is done with the store's blocks (reported, or waited for)."""

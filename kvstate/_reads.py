@@ -39,6 +39,14 @@ def check_enqueued_reads(
     foreign.difference_update(inc.table)  # set algebra in C: no per-block loop when clean
     if foreign:
         foreign.difference_update(event.pins)
+    if foreign and inc.state == FINISHED and not inc.held and ledger.offload.on:
+        # The offloading connector builds a finished request's last stores the
+        # step after its blocks were freed: a flush fences them, not pins
+        # (see kvstate._offload, "a finish-time store").
+        fenced = foreign.intersection(inc.final_table)
+        if fenced:
+            foreign.difference_update(fenced)
+            ledger.offload.fenced_reads(seq, event, fenced, inc, ledger.blocks, out)
     if foreign:
         for block in event.reads:
             if block not in foreign:
@@ -52,7 +60,7 @@ def check_enqueued_reads(
             out.append(finding(Code.FOREIGN_BLOCK_READ, seq, why, *chain, of=event, block=block))
     # A finish-time job (enqueued after request_finished, pinning what it
     # reads) saves from the table the request had when it finished.
-    blocks = inc.final_table_len if inc.state == FINISHED and not inc.held else len(inc.table)
+    blocks = len(inc.final_table) if inc.state == FINISHED and not inc.held else len(inc.table)
     capacity = blocks * ledger.block_size
     if event.token_end > capacity:
         why = (

@@ -138,6 +138,8 @@ class Ledger(LedgerState):
                 why = f"scheduler step went back from {self.step} to {step}"
                 out.append(finding(Code.STEP_REGRESSED, seq, why))
             else:
+                if step > self.step:
+                    self.offload.step_began(seq, out)
                 self.step = step
         self._dispatch[kind](seq, event, out)
         if parking is not None and self.records % parking.sweep_every == 0:
@@ -240,7 +242,7 @@ class Ledger(LedgerState):
         inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
         if inc is None:
             return
-        inc.final_table_len = len(inc.table)
+        inc.final_table = tuple(inc.table)
         if event.hold:
             inc.held = bool(inc.table)
         else:
@@ -470,6 +472,8 @@ class Ledger(LedgerState):
         out.append(finding(Code.RECORD_REFUSED, seq, why))
 
     def _on_idle(self, seq: int, event: ev.EngineIdle, out: Out) -> None:
+        if self.offload.due:
+            self.offload.steps_end(seq, out)
         check_quiescent(self, seq, out)
 
     def _on_key_verified(self, seq: int, event: ev.KeyVerified, out: Out) -> None:

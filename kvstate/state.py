@@ -32,9 +32,10 @@ class Incarnation:
     held: bool = False
     ended_seq: int | None = None
     prompt_tokens: int | None = None
-    #: blocks in the table when the incarnation finished: a finish-time job
-    #: (a partial tail saved as the request ends) is measured against it
-    final_table_len: int = 0
+    #: the table when the incarnation finished: a finish-time job (a partial
+    #: tail saved as the request ends, an offloading store built the step
+    #: after) is measured against it
+    final_table: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:

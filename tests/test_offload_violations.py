@@ -132,6 +132,89 @@ def test_a_flush_fences_only_its_own_step() -> None:
     assert j.only("UNFLUSHED_REUSE").block == 1
 
 
+def finished_then_handed_over(j: JournalBuilder) -> None:
+    """``a`` finishes at step 0 (its blocks freed); at step 1 ``b`` gets block 2,
+    then the connector builds ``a``'s last store, reading blocks 1 and 2."""
+    j.admit("a", blocks=[1, 2])
+    j.add("request_finished", req="a", gen=0)
+    j.step = 1
+    j.admit("b", blocks=[2])
+    store(j, 0, "a", 0, [1, 2])
+
+
+def test_a_finish_time_store_flushed_in_the_hand_over_step_is_clean() -> None:
+    j = offloading()
+    finished_then_handed_over(j)
+    j.add("flush_requested", jobs=[0])
+    j.step = 2
+    transfer(j, 0)
+    end(j, 0)
+    j.admit("c", blocks=[1])  # a later hand-over of a block the store no longer reads
+    assert j.codes() == []
+
+
+def test_a_finish_time_store_not_flushed_in_its_step_is_unflushed_reuse() -> None:
+    j = offloading()
+    finished_then_handed_over(j)
+    j.step = 2
+    late = j.admit("c")  # the next step's first scheduler record
+    v = j.only("UNFLUSHED_REUSE")
+    assert (v.seq, v.job, v.req, v.block) == (late, 0, "a", 2)
+    kinds = {r["seq"]: r["kind"] for r in j.records}
+    assert [kinds[s] for s in v.chain] == ["blocks_assigned", "job_enqueued"]
+
+
+def test_a_finish_time_store_unflushed_at_engine_idle() -> None:
+    j = offloading()
+    finished_then_handed_over(j)
+    transfer(j, 0)
+    end(j, 0)
+    idle = j.add("engine_idle")
+    assert j.only("UNFLUSHED_REUSE").seq == idle
+
+
+def test_a_finish_time_store_of_a_block_handed_over_a_step_earlier() -> None:
+    j = offloading()
+    j.admit("a", blocks=[1, 2])
+    j.add("request_finished", req="a", gen=0)
+    j.step = 1
+    j.admit("b", blocks=[2])
+    j.step = 2  # b's forward pass of step 1 may already have written block 2
+    enq = store(j, 0, "a", 0, [1, 2])
+    v = j.only("UNFLUSHED_REUSE")
+    assert (v.seq, v.block) == (enq, 2)
+
+
+def test_a_finish_time_store_of_free_blocks_is_fenced_on_their_reuse() -> None:
+    j = offloading()
+    j.admit("a", blocks=[1, 2])
+    j.add("request_finished", req="a", gen=0)
+    j.step = 1
+    store(j, 0, "a", 0, [1, 2])
+    assert j.codes() == []  # free since the finish: nothing to fence yet
+    j.step = 2
+    reuse = j.add("request_admitted", req="b", gen=0, prompt_tokens=8)
+    reuse = j.add("blocks_assigned", req="b", gen=0, blocks=[1], mode="append")
+    assert j.only("UNFLUSHED_REUSE").seq == reuse
+
+
+def test_a_finish_time_store_outside_the_final_table_is_foreign() -> None:
+    j = offloading()
+    finished_then_handed_over(j)
+    j.add("flush_requested", jobs=[0])
+    store(j, 1, "a", 0, [7])
+    assert "FOREIGN_BLOCK_READ" in j.codes()
+
+
+def test_a_store_connector_finish_time_read_stays_foreign() -> None:
+    j = JournalBuilder(world_size=1)
+    j.admit("a", blocks=[1, 2])
+    j.add("request_finished", req="a", gen=0)
+    j.step = 1
+    j.enqueue(0, "a", 0, reads=[1, 2], pins=[], keys=["h1", "h2"])
+    assert "FOREIGN_BLOCK_READ" in j.codes()
+
+
 def test_a_cache_hit_is_no_reuse() -> None:
     j = offloading()
     preempted_with_store_in_flight(j)
