@@ -166,6 +166,7 @@ class Recorder:
         created: str | None = None,
         run: str | None = None,
         role: str | None = None,
+        protocol: str | None = None,
     ) -> Recorder:
         """A recorder writing a new journal database at ``path``.
 
@@ -176,7 +177,9 @@ class Recorder:
         ``journal_opened`` header. ``run`` names the engine run; give every
         process of one run the same (a fresh random one when omitted), and
         each its ``role`` ("scheduler", "worker-0", ...): readers merge only
-        journals of one run, each role once.
+        journals of one run, each role once. ``protocol`` names the
+        connector protocol the journal follows (``"offloading"``: see
+        :mod:`kvstate.tier_events`).
 
         Where the journal is written: by default, by a writer process
         (:class:`journal.ProcessWriter`: the engine's thread encodes one blob
@@ -197,6 +200,7 @@ class Recorder:
             created=created,
             run=run if run is not None else uuid.uuid4().hex,
             role=role,
+            protocol=protocol,
         )
         problem = refusal(header)  # before there is a file: nothing to clean up
         if problem is not None:

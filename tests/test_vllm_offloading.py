@@ -1,22 +1,31 @@
-"""vLLM's own OffloadingConnector in the real engine, on kvstate's host tier.
+"""vLLM's own OffloadingConnector in the real engine, on kvstate's host tier, journaled.
 
 vLLM's CPU tier refuses a machine without CUDA (its copies run on CUDA
 streams); :mod:`kvstate.vllm.host_tier` is that tier with a copy thread of
 ours. vLLM's scheduler, tier manager, flush and preemption logic run
 unchanged. The engine runs under preemption pressure on prompts sharing
 prefixes; round 2 runs after the local prefix cache is reset, so its hits
-are loads from the tier. Marked ``vllm``: it runs in ``.venv-vllm-0.32.0``.
+are loads from the tier. Each store's copy is held 40 engine steps (steps,
+not seconds: the same window on a loaded machine), so preemptions and
+finishes meet stores in flight and vLLM flushes them.
+
+Journaled through both doors (the connector setting and ``install()``), the
+run replays clean with ``--require-idle``; with vLLM's flushes dropped, as
+before vLLM #29870, the same run is flagged ``UNFLUSHED_REUSE``. Marked
+``vllm``: it runs in ``.venv-vllm-0.32.0``.
 """
 
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from kvstate.harness.vllm_engine import venvs
 from kvstate.harness.vllm_engine.runs import run_engine
+from replay.verdict import ReplayResult, replay
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASE = "0.32.0"
@@ -24,11 +33,12 @@ RELEASE = "0.32.0"
 WORKLOAD = {
     "prompts": 16,
     "groups": 4,
-    "blocks": 24,
+    "blocks": 12,
     "max_seqs": 4,
-    "max_tokens": 32,
+    "max_tokens": 48,
     "watchdog": 300.0,
 }
+TIER = {"connector": "offloading", "copy_steps": 40, "tier_bytes": 1 << 21}
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +53,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     out = {}
     for name, extra in [
         ("reference", {"mode": "reference"}),
-        # the delay keeps stores in flight while the scheduler preempts
-        ("offloading", {"mode": "plain", "connector": "offloading", "put_delay": 0.02}),
+        ("offloading", {"mode": "plain", **TIER}),
+        ("connector", {"mode": "journal", "via": "connector", **TIER}),
+        ("install", {"mode": "journal", "via": "install", **TIER}),
+        ("no-flush", {"mode": "journal", "via": "install", "flushes": False, **TIER}),
     ]:
         config = {**WORKLOAD, **extra, "model": model}
+        if extra["mode"] == "journal":
+            config["journal_dir"] = str(work / name)
         out[name] = run_engine(python, config, work, name, env, stall_s=600.0)
+        out[name]["journal_dir"] = config.get("journal_dir")
     return out
 
 
@@ -70,3 +85,48 @@ def test_the_host_tier_stores_and_loads_and_the_outputs_are_the_references(
     assert _tokens(offloaded, "round1") == ref
     # Round 2 computes from the tier's blocks what the reference computed itself.
     assert _tokens(offloaded, "round2") == ref
+
+
+def _replayed(runs: dict[str, dict], name: str) -> tuple[ReplayResult, dict[str, int]]:
+    """The run's journals replayed together, and how many records of each kind they hold."""
+    folder = Path(runs[name]["journal_dir"])
+    paths = sorted(str(p) for p in folder.glob("*.db"))
+    assert [Path(p).name.split("-")[:2] for p in paths] == [
+        ["offloading", "scheduler"],
+        ["offloading", "worker"],
+    ], paths
+    kinds: dict[str, int] = {}
+    for path in paths:
+        with sqlite3.connect(path) as db:
+            for kind, n in db.execute("SELECT kind, count(*) FROM records GROUP BY kind"):
+                kinds[kind] = kinds.get(kind, 0) + n
+    return replay(paths, require_idle=True), kinds
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("door", ["connector", "install"])
+def test_the_journaled_connector_replays_clean_and_its_outputs_are_the_references(
+    runs: dict[str, dict], door: str
+) -> None:
+    run = runs[door]
+    assert "watchdog" not in run, run.get("watchdog")
+    ref = _tokens(runs["reference"], "round1")
+    assert _tokens(run, "round1") == ref and _tokens(run, "round2") == ref
+    result, kinds = _replayed(runs, door)
+    assert result.violations == [] and result.exit_status == 0, result.violations[:3]
+    # The run met what the protocol is about: preemptions, flushes and the
+    # ranks' waits, evictions, loads from the tier.
+    for kind in ("request_preempted", "flush_requested", "flush_done", "tier_evicted"):
+        assert kinds.get(kind, 0) > 0, (kind, kinds)
+    assert kinds["load_enqueued"] > 0 and kinds["tier_stored"] > 0
+    assert kinds["job_reported"] == kinds["job_received"] == kinds["completions_received"]
+
+
+@pytest.mark.vllm
+def test_without_vllms_flushes_the_run_is_unflushed_reuse(runs: dict[str, dict]) -> None:
+    """vLLM #29870: stores neither flushed nor failed before their blocks change hands."""
+    result, kinds = _replayed(runs, "no-flush")
+    assert kinds.get("flush_requested", 0) == 0
+    codes = {v.code.value for v in result.violations}
+    assert codes == {"UNFLUSHED_REUSE"}, codes
+    assert result.exit_status == 1

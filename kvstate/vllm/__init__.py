@@ -1,4 +1,5 @@
-"""kvstate inside a real vLLM engine: the MooncakeStoreConnector, journaled.
+"""kvstate inside a real vLLM engine: the MooncakeStoreConnector and the
+OffloadingConnector, journaled.
 
 Two ways in, the same observer behind both (see docs/vllm.md):
 
@@ -24,6 +25,7 @@ __all__ = [
     "TESTED",
     "Connector",
     "JournaledMooncakeStoreConnector",
+    "JournaledOffloadingConnector",
     "UnsupportedVLLMError",
     "detect",
     "finish",
@@ -38,8 +40,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The connector class subclasses vLLM's, so it exists only where vLLM does;
     # ``import kvstate.vllm`` itself never imports vLLM.
-    if name == "JournaledMooncakeStoreConnector":
-        from kvstate.vllm._connector import JournaledMooncakeStoreConnector
+    if name in ("JournaledMooncakeStoreConnector", "JournaledOffloadingConnector"):
+        from kvstate.vllm import _connector
 
-        return JournaledMooncakeStoreConnector
+        return getattr(_connector, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

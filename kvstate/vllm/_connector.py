@@ -1,4 +1,4 @@
-"""The connector class vLLM loads through ``kv_connector_module_path``."""
+"""The connector classes vLLM loads through ``kv_connector_module_path``."""
 
 from __future__ import annotations
 
@@ -18,3 +18,14 @@ class JournaledMooncakeStoreConnector(_base.MooncakeStoreConnector):
     The journals go to ``kv_connector_extra_config["kvstate_journal_dir"]``
     (or ``$KVSTATE_VLLM_JOURNAL_DIR``, or ``./kvstate-journals``).
     """
+
+
+_offload: Any = __import__(
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector",
+    fromlist=["OffloadingConnector"],
+)
+
+
+class JournaledOffloadingConnector(_offload.OffloadingConnector):
+    """vLLM's OffloadingConnector, unchanged, with every transition journaled
+    (the journals as for :class:`JournaledMooncakeStoreConnector`)."""

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvstate.vllm import _journals
+from kvstate.vllm import _journals, _offloading
 from kvstate.vllm._compat import Connector, detect
 from kvstate.vllm._mooncake import SchedulerHooks, WorkerHooks
 from kvstate.vllm._process import ObservedProcess
@@ -31,7 +31,7 @@ def installed() -> Connector | None:
 def install(
     journal_dir: str | os.PathLike[str] | None = None, *, fingerprint: bool | None = None
 ) -> Connector:
-    """Journal every MooncakeStoreConnector of this process from now on.
+    """Journal every MooncakeStoreConnector and OffloadingConnector of this process from now on.
 
     ``fingerprint`` (default on) hashes each saved block when the save is
     requested and again when the put reads it. Idempotent: a later call
@@ -50,6 +50,9 @@ def install(
         connector = detect()
         SchedulerHooks(process, connector).patch()
         WorkerHooks(process, connector).patch()
+        offloading = _offloading.classes()
+        if offloading is not None:  # vLLM's OffloadingConnector, where this vLLM has it
+            _offloading.OffloadingHooks(process, *offloading).patch()
         process.connector = connector
         atexit.register(_close_at_exit)
         return connector

@@ -72,7 +72,14 @@ def run_name(vllm_config: Any = None) -> str:
 
 
 def open_journal(
-    folder: Path, role: str, *, block_size: int, world_size: int, engine: str, run: str
+    folder: Path,
+    role: str,
+    *,
+    block_size: int,
+    world_size: int,
+    engine: str,
+    run: str,
+    protocol: str | None = None,
 ) -> Recorder:
     """A new journal ``folder/{role}-{pid}.db`` (``-2``, ``-3``, ... when a
     connector of this process already wrote one); an existing file is never reused.
@@ -85,15 +92,23 @@ def open_journal(
     jobs whose specs it never writes, so ``kvstate replay`` of the merged
     journals judges it. If vLLM's process is killed, the writer still writes
     every commit it was handed and ends the journal with ``engine_crashed``.
+
+    A connector of another protocol (vLLM's OffloadingConnector: ``protocol``
+    ``"offloading"``) writes ``offloading-{role}-{pid}.db`` under a run of
+    its own, so a process that runs both connectors (vLLM's MultiConnector)
+    has a journal per connector and replay judges each apart.
     """
     folder.mkdir(parents=True, exist_ok=True)
     # A process may build several connectors (vLLM's tests do; so does an
     # engine restarted in-process): each gets a journal of its own.
-    path = folder / f"{role}-{os.getpid()}.db"
+    name = role if protocol is None else f"{protocol}-{role}"
+    if protocol is not None:
+        run = f"{run}-{protocol}"
+    path = folder / f"{name}-{os.getpid()}.db"
     n = 1
     while path.exists():
         n += 1
-        path = folder / f"{role}-{os.getpid()}-{n}.db"
+        path = folder / f"{name}-{os.getpid()}-{n}.db"
     if n > 1:
         # The n-th connector of this process (its scheduler and ranks all
         # get the n-th journal of their role) is a run of its own.
@@ -107,6 +122,7 @@ def open_journal(
         engine=engine,
         run=run,
         role=role,
+        protocol=protocol,
         process=True,
         audit="commit" if scheduler else "off",
     )

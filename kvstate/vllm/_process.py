@@ -35,6 +35,8 @@ class ObservedProcess:
         #: every observer of this process, closed by :meth:`finish`
         self.schedulers: list[SchedulerObserver] = []
         self.workers: dict[int, WorkerObserver] = {}
+        #: the ranks of other connectors (vLLM's OffloadingConnector), per worker object
+        self.ranks: list[Any] = []
         #: the worker's vLLM config, seen by ``MooncakeStoreWorker.__init__``
         #: before its threads exist (they open the rank's journal and need
         #: its world size)
@@ -75,8 +77,11 @@ class ObservedProcess:
 
     # -- where observers come from -----------------------------------------------------
 
-    def scheduler(self, sched: Any) -> SchedulerObserver | None:
-        """The observer of one connector's scheduler, made on first use.
+    def scheduler(
+        self, sched: Any, make: Callable[[Any], SchedulerObserver] | None = None
+    ) -> SchedulerObserver | None:
+        """The observer of one connector's scheduler, made on first use
+        (by ``make``; the MooncakeStoreScheduler's by default).
 
         None while not observing, and None for good if its journal could not
         be opened: an error of ours never reaches vLLM.
@@ -86,7 +91,9 @@ class ObservedProcess:
             with self.lock:
                 observer = sched.__dict__.get("_kvstate_observer")
                 if observer is None and self._observing():
-                    made: SchedulerObserver | None = self.observe(self._new_scheduler, sched)
+                    made: SchedulerObserver | None = self.observe(
+                        make or self._new_scheduler, sched
+                    )
                     # False: tried and failed, not tried again on every call
                     observer = made if made is not None else False
                     sched.__dict__["_kvstate_observer"] = observer
@@ -112,10 +119,27 @@ class ObservedProcess:
                         self.workers[rank] = observer
         return observer
 
+    def rank(self, worker: Any, make: Callable[[Any], Any]) -> Any:
+        """The observer of one worker object of another connector (one per rank),
+        made on first use by ``make``; None as for :meth:`scheduler`."""
+        observer = worker.__dict__.get("_kvstate_observer")
+        if observer is None and self._observing():
+            with self.lock:
+                observer = worker.__dict__.get("_kvstate_observer")
+                if observer is None and self._observing():
+                    made = self.observe(make, worker)
+                    observer = made if made is not None else False
+                    worker.__dict__["_kvstate_observer"] = observer
+                    if made is not None:
+                        self.ranks.append(made)
+        if not observer or observer not in self.ranks:
+            return None  # never made, or ended by finish()
+        return observer
+
     def _new_scheduler(self, sched: Any) -> SchedulerObserver:
         config = sched.__dict__.get("_kvstate_config")
         world = getattr(sched, "_num_workers", None) or _world_size(config)
-        recorder = self._open(config, "scheduler", sched._block_size, world)
+        recorder = self.open(config, "scheduler", sched._block_size, world)
         return SchedulerObserver(
             recorder,
             block_size=sched._block_size,
@@ -125,10 +149,18 @@ class ObservedProcess:
 
     def _new_worker(self, thread: Any, rank: int) -> WorkerObserver:
         config = self.worker_config
-        recorder = self._open(config, f"worker-{rank}", thread.block_size, _world_size(config))
+        recorder = self.open(config, f"worker-{rank}", thread.block_size, _world_size(config))
         return WorkerObserver(recorder, rank=rank, fingerprint=self.fingerprint)
 
-    def _open(self, config: Any, role: str, block_size: int, world_size: int) -> Any:
+    def open(
+        self,
+        config: Any,
+        role: str,
+        block_size: int,
+        world_size: int,
+        protocol: str | None = None,
+    ) -> Any:
+        """A new journal for ``role`` of this process (see :func:`_journals.open_journal`)."""
         connector = self._connector()
         return _journals.open_journal(
             _journals.journal_dir(config),
@@ -137,6 +169,7 @@ class ObservedProcess:
             world_size=world_size,
             engine=f"vllm {connector.version} ({connector.flavor})",
             run=_journals.run_name(config),
+            protocol=protocol,
         )
 
     def _connector(self) -> Connector:
@@ -150,7 +183,8 @@ class ObservedProcess:
         """Jobs this process's ranks received and have not reported yet."""
         with self.lock:
             workers = list(self.workers.values())
-        return sum(len(w.unreported) for w in workers)
+            ranks = list(self.ranks)
+        return sum(len(w.unreported) for w in [*workers, *ranks])
 
     def finish(self, *, audit: bool | None, error: str | None) -> dict[str, int]:
         """See :func:`kvstate.vllm.finish`."""
@@ -166,6 +200,8 @@ class ObservedProcess:
                     for name, value in (self.observe(observer.audit) or {}).items():
                         counts[name] += value
                 self.observe(observer.close)  # finish() never raises into its caller
+            while self.ranks:
+                self.observe(self.ranks.pop().close)
             if error is None and self.failures:
                 error = f"kvstate observer failed: {self.failures[0]}"
             while self.schedulers:
@@ -182,6 +218,8 @@ class ObservedProcess:
         with self.lock:
             for rank in sorted(self.workers):
                 self.workers.pop(rank).close()
+            while self.ranks:
+                self.ranks.pop().close()
             while self.schedulers:
                 self.schedulers.pop().recorder.close()
 

@@ -10,7 +10,7 @@ completions and pin releases from ``update_connector_output``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvstate import events as ev
@@ -84,9 +84,29 @@ class SchedulerObserver:
 
     def after_build(self, sched: Any, out: Any, meta: Any, before: dict[str, Any]) -> None:
         self.step += 1
+        local = before["local"]
+        restarted, preempted = self.record_requests(out, lambda req, n: local.get(req, n))
+        pinned = getattr(sched, "_pinned_saves", None)
+        for req_meta in meta.requests:
+            self._job(sched, req_meta, before, restarted, pinned)
+        # What the workers need to name the incarnations this step ended.
+        meta._kvstate_step = self.step
+        meta._kvstate_preempted = preempted
+        self.commit()
+
+    def record_requests(
+        self, out: Any, local: Callable[[str, int], int]
+    ) -> tuple[set[str], dict[str, int]]:
+        """The step's preemptions, admissions, resumes and block tables, in vLLM's order.
+
+        ``local(req, computed)`` is how many of a request's tokens the engine's
+        own prefix cache held (its blocks keep their content). Returns the
+        requests that (re)started with a new table, and the incarnations
+        preempted.
+        """
         bs = self.block_size
         restarted: set[str] = set()
-        preempted = {}
+        preempted: dict[str, int] = {}
         for req in sorted(out.preempted_req_ids or ()):
             gen = self.gens.get(req)
             if gen is None:
@@ -96,11 +116,12 @@ class SchedulerObserver:
                 continue
             self._record(ev.RequestPreempted(req=req, gen=gen))
             preempted[req] = gen
+        self.after_preemptions()
         for new in out.scheduled_new_reqs:
             req = new.req_id
             table = _table(new.block_ids)
-            local = before["local"].get(req, new.num_computed_tokens)
-            cached = table[: local // bs]
+            cached_tokens = local(req, new.num_computed_tokens)
+            cached = table[: cached_tokens // bs]
             if req in self.waiting:  # admitted when its load was issued
                 self.waiting.discard(req)
             elif req in self.gens:  # the v2 runner resumes a request as "new"
@@ -132,18 +153,21 @@ class SchedulerObserver:
                 continue
             table = _table(new_ids)
             if req in resumed:
-                self.gens[req] += 1
-                self._record(ev.RequestResumed(req=req, gen=self.gens[req]))
+                if req in self.waiting:  # resumed when its load was issued
+                    self.waiting.discard(req)
+                else:
+                    self.gens[req] += 1
+                    self._record(ev.RequestResumed(req=req, gen=self.gens[req]))
                 restarted.add(req)
                 computed = cached_reqs.num_computed_tokens[i]
-                local = before["local"].get(req, computed)
+                cached_tokens = local(req, computed)
                 self._record(
                     ev.BlocksAssigned(
                         req=req,
                         gen=self.gens[req],
                         blocks=tuple(table),
                         mode="replace",
-                        cached=tuple(table[: local // bs]),
+                        cached=tuple(table[: cached_tokens // bs]),
                     )
                 )
             elif table:
@@ -152,13 +176,10 @@ class SchedulerObserver:
                         req=req, gen=self.gens[req], blocks=tuple(table), mode="append"
                     )
                 )
-        pinned = getattr(sched, "_pinned_saves", None)
-        for req_meta in meta.requests:
-            self._job(sched, req_meta, before, restarted, pinned)
-        # What the workers need to name the incarnations this step ended.
-        meta._kvstate_step = self.step
-        meta._kvstate_preempted = preempted
-        self.commit()
+        return restarted, preempted
+
+    def after_preemptions(self) -> None:
+        """Between the step's preemptions and its new tables (a connector's flush goes here)."""
 
     def _job(
         self,

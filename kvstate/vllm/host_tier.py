@@ -15,10 +15,13 @@ Selected as an outside spec::
         kv_connector_extra_config={"spec_name": "HostTierSpec",
             "spec_module_path": "kvstate.vllm.host_tier", "cpu_bytes_to_use": 1 << 26})
 
-``kvstate_copy_delay`` (seconds, default 0) delays every store before it
-reads the engine's blocks. A copy on this machine takes microseconds, so
-without it a store is done before a preemption can land; the delay opens
-the window in which the bugs of the connector's history happened.
+``kvstate_copy_delay`` (engine steps, default 0) holds every store until
+the engine has made that many more steps (calls of ``get_finished``, once a
+step) before it reads the engine's blocks. A copy on this machine takes
+microseconds, so without it a store is done before a preemption can land;
+the delay opens the window in which the bugs of the connector's history
+happened. It counts steps, not seconds, so a loaded machine opens the same
+window; a flush (``wait``) copies at once what it waits for.
 """
 
 from __future__ import annotations
@@ -50,20 +53,22 @@ class HostTierSpec(CPUOffloadingSpec):
         # One worker per spec, as vLLM's own spec keeps it.
         worker: OffloadingWorker | None = getattr(self, "_worker", None)
         if worker is None:
-            delay = float(self.extra_config.get(DELAY_KEY, 0) or 0)
+            delay = int(self.extra_config.get(DELAY_KEY, 0) or 0)
             worker = HostTierWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, delay)
             self._worker = worker
         return worker
 
 
 class _Transfer:
-    __slots__ = ("dst", "job", "src", "store")
+    __slots__ = ("dst", "due", "job", "src", "store")
 
     def __init__(self, job: int, store: bool, src: LoadStoreSpec, dst: LoadStoreSpec) -> None:
         self.job = job
         self.store = store
         self.src = src
         self.dst = dst
+        #: the engine step from which the copy may run
+        self.due = 0
 
 
 class HostTierWorker(OffloadingWorker):
@@ -75,7 +80,7 @@ class HostTierWorker(OffloadingWorker):
     """
 
     def __init__(
-        self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, chunks: int, delay: float
+        self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, chunks: int, delay: int
     ) -> None:
         self._per_chunk = blocks_per_chunk
         self._delay = delay
@@ -92,6 +97,9 @@ class HostTierWorker(OffloadingWorker):
         #: submitted, not yet copied (wait() blocks on these)
         self._pending: set[int] = set()
         self._results: list[TransferResult] = []
+        #: engine steps so far (get_finished calls), and jobs a flush waits for
+        self._steps = 0
+        self._flushing: set[int] = set()
         self._thread = threading.Thread(target=self._run, name="kvstate-host-tier", daemon=True)
         self._thread.start()
 
@@ -108,6 +116,8 @@ class HostTierWorker(OffloadingWorker):
     def get_finished(self) -> list[TransferResult]:
         with self._cond:
             done, self._results = self._results, []
+            self._steps += 1
+            self._cond.notify_all()
         return done
 
     def wait(self, job_ids: set[int]) -> None:
@@ -116,6 +126,8 @@ class HostTierWorker(OffloadingWorker):
         if job_ids:
             TALLY["flush waits"] += 1
         with self._cond:
+            self._flushing |= job_ids & self._pending
+            self._cond.notify_all()
             self._cond.wait_for(lambda: not (self._pending & job_ids))
 
     def shutdown(self) -> None:
@@ -128,6 +140,8 @@ class HostTierWorker(OffloadingWorker):
 
     def _submit(self, transfer: _Transfer) -> bool:
         with self._cond:
+            if transfer.store:
+                transfer.due = self._steps + self._delay
             self._pending.add(transfer.job)
             self._queue.append(transfer)
             self._cond.notify_all()
@@ -137,20 +151,26 @@ class HostTierWorker(OffloadingWorker):
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: bool(self._queue))
+                # In order: a store waits for its step, or for a flush of it
+                # or of a job queued behind it.
+                self._cond.wait_for(self._head_may_run)
                 transfer = self._queue.popleft()
             if transfer is None:
                 return
             started = time.perf_counter()
-            if transfer.store and self._delay:
-                time.sleep(self._delay)
             size = self._copy(transfer)
             TALLY["stores" if transfer.store else "loads"] += 1
             TALLY["bytes"] += size
             result = TransferResult(transfer.job, True, size, time.perf_counter() - started)
             with self._cond:
                 self._pending.discard(transfer.job)
+                self._flushing.discard(transfer.job)
                 self._results.append(result)
                 self._cond.notify_all()
+
+    def _head_may_run(self) -> bool:
+        head = self._queue[0]
+        return head is None or self._steps >= head.due or bool(self._flushing)
 
     def _copy(self, transfer: _Transfer) -> int:
         device_spec = transfer.src if transfer.store else transfer.dst

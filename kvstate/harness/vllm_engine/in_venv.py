@@ -12,8 +12,10 @@ vLLM's connector without kvstate (the overhead benchmark's baseline).
 ``mode="journal"`` journals it through the connector setting, or with
 ``via="install"`` through ``kvstate.vllm.install()`` and vLLM's own name.
 ``connector="offloading"`` runs vLLM's OffloadingConnector instead, on the
-host tier of :mod:`kvstate.vllm.host_tier` (``put_delay`` then delays each
-store's copy, ``tier_bytes`` sizes the tier); round 2 loads from the tier.
+host tier of :mod:`kvstate.vllm.host_tier` (``copy_steps`` holds each
+store's copy that many engine steps, ``tier_bytes`` sizes the tier,
+``flushes: false`` drops vLLM's flushes as before vLLM #29870); round 2
+loads from the tier.
 
 A watchdog ends a run that stops making progress (the connector before
 vLLM #52372 can starve its pool): no step with output and no put for
@@ -93,6 +95,26 @@ def _slow_puts(delay: float, progress: Progress) -> None:
     cls.__init__ = __init__
 
 
+def _without_flushes() -> None:
+    """vLLM's OffloadingConnector as it was before vLLM #29870: the scheduler
+    never asks the workers to finish a store before its blocks change hands.
+
+    Replaces ``build_connector_meta`` before :func:`kvstate.vllm.install`
+    wraps it, so the observer journals what this connector did.
+    """
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler
+
+    cls = scheduler.OffloadingConnectorScheduler
+    original = cls.build_connector_meta
+
+    def build_connector_meta(self: Any, scheduler_output: Any) -> Any:
+        meta = original(self, scheduler_output)
+        meta.jobs_to_flush = set()
+        return meta
+
+    cls.build_connector_meta = build_connector_meta
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     with atomic_output(path, force=True) as tmp:
         Path(tmp).write_text(json.dumps(data, indent=1) + "\n")
@@ -119,14 +141,14 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     model = checkpoint.write(Path(cfg["model"]), seed=cfg.get("model_seed", 0))
     mode = cfg["mode"]
     offloading = cfg.get("connector", "mooncake") == "offloading"
-    if offloading and mode == "journal":
-        raise SystemExit("the offloading connector is not journaled yet: use mode 'plain'")
     result: dict[str, Any] = {"mode": mode, "round1": {}, "round2": {}}
     started = time.monotonic()
     progress = Progress()
     journaled = mode == "journal"
     profiled = None  # a cpu_profile.Attribution when the config asks for one
     if mode != "reference":
+        if offloading and cfg.get("flushes", True) is False:
+            _without_flushes()
         if journaled:
             import kvstate.vllm
 
@@ -174,15 +196,20 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     if mode != "reference" and offloading:
         from kvstate.vllm import host_tier
 
+        tier_extra: dict[str, Any] = {
+            "spec_name": "HostTierSpec",
+            "spec_module_path": "kvstate.vllm.host_tier",
+            "cpu_bytes_to_use": int(cfg.get("tier_bytes", 1 << 24)),
+            host_tier.DELAY_KEY: int(cfg.get("copy_steps", 0)),
+        }
+        via_connector = journaled and cfg.get("via", "connector") == "connector"
+        if via_connector:
+            tier_extra["kvstate_journal_dir"] = cfg["journal_dir"]
         kwargs["kv_transfer_config"] = KVTransferConfig(
-            kv_connector="OffloadingConnector",
+            kv_connector="JournaledOffloadingConnector" if via_connector else "OffloadingConnector",
             kv_role="kv_both",
-            kv_connector_extra_config={
-                "spec_name": "HostTierSpec",
-                "spec_module_path": "kvstate.vllm.host_tier",
-                "cpu_bytes_to_use": int(cfg.get("tier_bytes", 1 << 24)),
-                host_tier.DELAY_KEY: float(cfg.get("put_delay", 0)),
-            },
+            kv_connector_extra_config=tier_extra,
+            **({"kv_connector_module_path": "kvstate.vllm"} if via_connector else {}),
         )
     elif mode != "reference":
         extra: dict[str, Any] = {"load_async": True}
