@@ -25,6 +25,7 @@ import pytest
 
 from kvstate.harness.vllm_engine import venvs
 from kvstate.harness.vllm_engine.runs import run_engine
+from replay.cli.harness._vllm_runs import traces, wrong_outputs
 from replay.verdict import ReplayResult, replay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,6 +121,8 @@ def test_the_journaled_connector_replays_clean_and_its_outputs_are_the_reference
         assert kinds.get(kind, 0) > 0, (kind, kinds)
     assert kinds["load_enqueued"] > 0 and kinds["tier_stored"] > 0
     assert kinds["job_reported"] == kinds["job_received"] == kinds["completions_received"]
+    # The tier read back: every store's copy, every load of a key stored in this run.
+    assert kinds["key_verified"] > 0 and kinds["load_verified"] > 0, kinds
 
 
 @pytest.mark.vllm
@@ -128,5 +131,13 @@ def test_without_vllms_flushes_the_run_is_unflushed_reuse(runs: dict[str, dict])
     result, kinds = _replayed(runs, "no-flush")
     assert kinds.get("flush_requested", 0) == 0
     codes = {v.code.value for v in result.violations}
-    assert codes == {"UNFLUSHED_REUSE"}, codes
+    # The race itself, and what it did: a tier copy of blocks that had
+    # changed hands (POISONED_KEY), and a load of one (WRONG_KV_LOADED).
+    assert "UNFLUSHED_REUSE" in codes, codes
+    assert codes <= {"UNFLUSHED_REUSE", "POISONED_KEY", "WRONG_KV_LOADED"}, codes
     assert result.exit_status == 1
+    run = runs["no-flush"]
+    wrong = wrong_outputs(run, runs["reference"])
+    found = traces(run, wrong, result)
+    for prompt in wrong:
+        assert any("WRONG_KV_LOADED" in line for line in found[prompt]), (prompt, found)

@@ -39,6 +39,7 @@ from kvstate.recorder import Recorder
 from kvstate.vllm._commit import GroupCommit
 from kvstate.vllm._process import ObservedProcess
 from kvstate.vllm._scheduler import SchedulerObserver, _table
+from kvstate.vllm._tier_audit import TierAudit
 
 PACKAGE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading"
 #: (module, class, methods) the observer hooks or reads
@@ -129,6 +130,8 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         #: live job -> its keys (a store's, in the order it stores them)
         self.keys: dict[int, tuple[str, ...]] = {}
         self._flush_first: tuple[int, ...] = ()
+        #: this step's jobs: job -> (req, gen, keys, of a finished request)
+        self.step_jobs: dict[int, tuple[str, int, tuple[str, ...], bool]] = {}
 
     # -- one scheduler step ---------------------------------------------------------
 
@@ -176,6 +179,9 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             self._record(tier.FlushRequested(jobs=tuple(late)))
         self.met_in_flight += sum(1 for j in flush if j not in self.keys)
         meta._kvstate_step = self.step
+        # What the ranks' tier audit needs of this step's jobs (a job of a
+        # finished request reads blocks the step's forward pass may reuse).
+        meta._kvstate_jobs, self.step_jobs = self.step_jobs, {}
         self.commit()
 
     def after_preemptions(self) -> None:
@@ -205,6 +211,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             ev.BlocksAssigned(req=req, gen=gen, blocks=tuple(table), mode="replace", cached=cached)
         )
         self.keys[job] = tuple(keys)
+        self.step_jobs[job] = (req, gen, tuple(keys), False)
         self._record(
             tier.LoadEnqueued(
                 job=job,
@@ -223,6 +230,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             self.met_in_flight += 1
             return
         keys = self.keys[job] = tuple(stored)
+        self.step_jobs[job] = (req, gen, keys, req in self.finished)
         self._record(
             ev.JobEnqueued(
                 job=job,
@@ -265,7 +273,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
 class OffloadingWorkerObserver:
     """Journals one rank's ``OffloadingConnectorWorker`` (see the module docstring)."""
 
-    def __init__(self, recorder: Recorder, *, rank: int) -> None:
+    def __init__(self, recorder: Recorder, *, rank: int, audit: TierAudit | None) -> None:
         self.recorder = recorder
         self.rank = rank
         self.step = 0
@@ -273,12 +281,34 @@ class OffloadingWorkerObserver:
         #: jobs received and not yet reported (kvstate.vllm.outstanding)
         self.unreported: set[int] = set()
         self.received: set[int] = set()
+        #: the tier audited by bytes (None: fingerprints off, or a tier it cannot read)
+        self.audit = audit
+        #: job -> (req, gen, keys, of a finished request), as the scheduler named it
+        self.jobs: dict[int, tuple[str, int, tuple[str, ...], bool]] = {}
 
     def _record(self, event: ev.Event) -> None:
         self.recorder.record(event, self.step)
 
     def saw(self, meta: Any) -> None:
         self.step = getattr(meta, "_kvstate_step", self.step)
+        self.jobs.update(getattr(meta, "_kvstate_jobs", None) or {})
+
+    def saves_due(self, meta: Any, *, finished_only: bool) -> None:
+        """Fingerprint the store jobs whose blocks hold what they are to store now."""
+        if self.audit is None:
+            return
+        for job, transfer in meta.store_jobs.items():
+            named = self.jobs.get(job)
+            if named is not None and (named[3] or not finished_only):
+                self.audit.store_due(job, transfer, named[2])
+
+    def loads_received(self, meta: Any) -> None:
+        if self.audit is None:
+            return
+        for job, transfer in meta.load_jobs.items():
+            named = self.jobs.get(job)
+            if named is not None:
+                self.audit.load_received(job, transfer, named[0], named[1], named[2])
 
     def receive(self, jobs: Iterable[int]) -> None:
         for job in jobs:
@@ -298,6 +328,10 @@ class OffloadingWorkerObserver:
             if after[job] > before.get(job, 0) and job in self.unreported:
                 self.unreported.discard(job)
                 self._record(ev.JobReported(job=job, rank=self.rank))
+                self.jobs.pop(job, None)
+                if self.audit is not None:
+                    for verdict in self.audit.done(job):
+                        self._record(verdict)
 
     def flushed(self, jobs: Iterable[int]) -> None:
         mine = tuple(sorted(j for j in jobs if j in self.received))
@@ -412,13 +446,19 @@ class OffloadingHooks:
         block_size = int(getattr(getattr(config, "cache_config", None), "block_size", 0) or 16)
         world = int(getattr(getattr(config, "parallel_config", None), "world_size", 1) or 1)
         recorder = self.process.open(config, f"worker-{rank}", block_size, world, tier.OFFLOADING)
-        return OffloadingWorkerObserver(recorder, rank=rank)
+        copier = getattr(worker, "worker", None)
+        readable = self.process.fingerprint and hasattr(copier, "device_digest")
+        audit = TierAudit(copier) if readable else None
+        return OffloadingWorkerObserver(recorder, rank=rank, audit=audit)
 
     def prepare_store(self, original: Any, worker: Any, meta: Any) -> Any:
         observer = self._worker(worker)
         if observer is None:
             return original(worker, meta)
         before = _completed(worker)
+        self.process.observe(observer.saw, meta)
+        # After the forward pass that computed their tokens: what they are to store.
+        self.process.observe(observer.saves_due, meta, finished_only=False)
         self.process.observe(observer.receive, sorted(meta.store_jobs))
         result = original(worker, meta)
         self.process.observe(observer.reported, before, _completed(worker))
@@ -430,6 +470,9 @@ class OffloadingHooks:
             return original(worker, meta)
         flush = set(meta.jobs_to_flush or ())
         self.process.observe(observer.saw, meta)
+        # A finished request's stores, before this step's forward pass may
+        # write the blocks vLLM freed (a new holder's, this very step).
+        self.process.observe(observer.saves_due, meta, finished_only=True)
         before = _completed(worker)
         # Stores flushed in the step that built them go straight to the copy worker.
         popped = sorted(j for j in flush if j in meta.store_jobs)
@@ -449,6 +492,8 @@ class OffloadingHooks:
             return original(worker, meta)
         loads = sorted(meta.load_jobs)
         queued = [job for job, _, _ in worker._unsubmitted_store_jobs]
+        self.process.observe(observer.saw, meta)
+        self.process.observe(observer.loads_received, meta)
         self.process.observe(observer.receive, loads)
         self.process.observe(observer.start, queued + loads)
         return original(worker, meta)

@@ -27,6 +27,7 @@ window; a flush (``wait``) copies at once what it waits for.
 from __future__ import annotations
 
 import collections
+import hashlib
 import threading
 import time
 
@@ -135,6 +136,28 @@ class HostTierWorker(OffloadingWorker):
             self._queue.append(None)
             self._cond.notify_all()
         self._thread.join()
+
+    # -- read back, for kvstate's tier audit (kvstate.vllm._tier_audit) -------------------
+
+    @property
+    def blocks_per_chunk(self) -> int:
+        return self._per_chunk
+
+    def device_digest(self, block: int) -> str:
+        """The digest of one engine block (KV-cache group 0), every layer's page in order."""
+        h = hashlib.blake2b(digest_size=8)
+        for tensor, nbytes in zip(self._groups[0], self._pages[0], strict=True):
+            h.update(self._device[tensor][block, :nbytes].numpy().tobytes())
+        return h.hexdigest()
+
+    def host_digest(self, chunk: int, sub: int) -> str:
+        """The digest of what the tier holds for block ``sub`` of ``chunk`` (as
+        :meth:`device_digest` of the block it was copied from)."""
+        h = hashlib.blake2b(digest_size=8)
+        for tensor, nbytes in zip(self._groups[0], self._pages[0], strict=True):
+            page = self._device[tensor].shape[1]
+            h.update(self._host[tensor][chunk, sub * page : sub * page + nbytes].numpy().tobytes())
+        return h.hexdigest()
 
     # -- the copying thread ------------------------------------------------------------
 

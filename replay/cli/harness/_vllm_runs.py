@@ -70,7 +70,7 @@ def _counts(path: str) -> dict[str, int]:
     }
 
 
-def _wrong(engine: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+def wrong_outputs(engine: dict[str, Any], reference: dict[str, Any]) -> list[str]:
     want = {k: v["tokens"] for k, v in reference["round1"].items()}
     wrong = []
     for prompt in sorted(want, key=int):
@@ -80,7 +80,7 @@ def _wrong(engine: dict[str, Any], reference: dict[str, Any]) -> list[str]:
     return wrong
 
 
-def _traces(engine: dict[str, Any], wrong: list[str], result: ReplayResult) -> dict[str, list[str]]:
+def traces(engine: dict[str, Any], wrong: list[str], result: ReplayResult) -> dict[str, list[str]]:
     """For each wrong prompt, the violations naming one of its requests."""
     # vLLM returns the id the caller knows ("12"); inside the engine (and so in
     # the journal) the request is "12-<random suffix>".
@@ -89,7 +89,7 @@ def _traces(engine: dict[str, Any], wrong: list[str], result: ReplayResult) -> d
         if v.req is not None:
             outer = v.req.rsplit("-", 1)[0] if "-" in v.req else v.req
             by_req.setdefault(outer, []).append(f"{v.code.value} at seq {v.seq}")
-    traces = {}
+    found_for: dict[str, list[str]] = {}
     for prompt in wrong:
         found: list[str] = []
         for rnd in ("round1", "round2"):
@@ -97,8 +97,8 @@ def _traces(engine: dict[str, Any], wrong: list[str], result: ReplayResult) -> d
             found += [f"{rnd} request {req}: {what}" for what in by_req.get(req, [])]
         # The load of poisoned KV is the direct cause; the reads that wrote it come after.
         found.sort(key=lambda line: "WRONG_KV_LOADED" not in line)
-        traces[prompt] = found
-    return traces
+        found_for[prompt] = found
+    return found_for
 
 
 def run_release(
@@ -141,7 +141,7 @@ def run_release(
     target = str(out / f"{NAMES.get(release, release)}.db")
     merge(parts, target, force=force)
     result = replay([target])
-    wrong = _wrong(engine, reference)
+    wrong = wrong_outputs(engine, reference)
     return ReleaseRun(
         release,
         target,
@@ -149,7 +149,7 @@ def run_release(
         engine,
         _counts(target),
         wrong,
-        _traces(engine, wrong, result),
+        traces(engine, wrong, result),
     )
 
 
