@@ -1,0 +1,205 @@
+"""The scheduler half of vLLM's OffloadingConnector, journaled (see :mod:`._offloading`).
+
+Tier keys and store keys are vLLM's ``OffloadKey`` bytes, in hex.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvstate import events as ev
+from kvstate import tier_events as tier
+from kvstate.recorder import Recorder
+from kvstate.vllm._scheduler import SchedulerObserver, _table
+
+
+def _hex(key: Any) -> str:
+    return key.hex() if hasattr(key, "hex") else str(key)
+
+
+def _ids(spec: Any) -> tuple[int, ...]:
+    return tuple(int(b) for b in getattr(spec, "block_ids", ()))
+
+
+class ObservedManager:
+    """The scheduler's tier manager, with what ``prepare_*`` decided kept for the journal.
+
+    Every other attribute is the manager's own.
+    """
+
+    def __init__(self, manager: Any, sched: Any) -> None:
+        self._manager = manager
+        self._sched = sched
+        #: (the next job id when it ran, keys to store, keys evicted), this step
+        self.stores: list[tuple[int, list[str], list[str]]] = []
+        self.last_load: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._manager, name)
+
+    def prepare_store(self, keys: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self._manager.prepare_store(keys, *args, **kwargs)
+        if result is not None:
+            self.stores.append(
+                (
+                    self._sched._job_counter,
+                    [_hex(k) for k in result.keys_to_store],
+                    [_hex(k) for k in result.evicted_keys],
+                )
+            )
+        return result
+
+    def prepare_load(self, keys: Any, *args: Any, **kwargs: Any) -> Any:
+        self.last_load = [_hex(k) for k in keys]
+        return self._manager.prepare_load(keys, *args, **kwargs)
+
+
+class OffloadingSchedulerObserver(SchedulerObserver):
+    """Journals one ``OffloadingConnectorScheduler`` (see the module docstring)."""
+
+    def __init__(self, recorder: Recorder, *, block_size: int, world_size: int) -> None:
+        super().__init__(recorder, block_size=block_size, world_size=world_size, numbering=False)
+        #: load job -> (req, the request's table, its locally cached tokens, prompt
+        #: tokens, tier keys), from ``update_state_after_alloc``
+        self.loads: dict[int, tuple[str, list[int], int, int, list[str]]] = {}
+        #: live job -> its keys (a store's, in the order it stores them)
+        self.keys: dict[int, tuple[str, ...]] = {}
+        self._flush_first: tuple[int, ...] = ()
+        #: this step's jobs: job -> (req, gen, keys, of a finished request)
+        self.step_jobs: dict[int, tuple[str, int, tuple[str, ...], bool]] = {}
+
+    # -- one scheduler step ---------------------------------------------------------
+
+    def load_issued(self, sched: Any, request: Any, blocks: Any, job: int) -> None:
+        """``update_state_after_alloc`` issued load job ``job`` into ``blocks``."""
+        manager = sched.manager
+        keys = list(getattr(manager, "last_load", ()))
+        status = sched._req_status.get(request.request_id)
+        local = getattr(status, "num_locally_computed_tokens", 0) if status else 0
+        table = _table(blocks.get_block_ids())
+        self.loads[job] = (request.request_id, table, local, request.num_prompt_tokens, keys)
+
+    def after_build(self, sched: Any, out: Any, meta: Any, before: dict[str, Any]) -> None:
+        self.step += 1
+        flush = set(meta.jobs_to_flush or ())
+        self._flush_first = tuple(sorted(j for j in flush if j in self.keys))
+        status = sched._req_status
+
+        def local(req: str, computed: int) -> int:
+            state = status.get(req)
+            return (
+                int(getattr(state, "num_locally_computed_tokens", computed)) if state else computed
+            )
+
+        self.record_requests(out, local)
+        for job in sorted(meta.load_jobs):
+            self._load(job, meta.load_jobs[job])
+        manager = sched.manager
+        stores = list(getattr(manager, "stores", ()))
+        if stores:
+            manager.stores = []
+        for job in sorted(meta.store_jobs):
+            # A prepare_store that made no job may still have evicted.
+            while stores and stores[0][0] < job:
+                self._evicted(stores.pop(0)[2])
+            keys: list[str] = []
+            if stores and stores[0][0] == job:
+                _, keys, evicted = stores.pop(0)
+                self._evicted(evicted)
+            self._store(job, meta.store_jobs[job], keys)
+        for _, _, evicted in stores:
+            self._evicted(evicted)
+        late = sorted(j for j in flush if j in self.keys and j not in self._flush_first)
+        if late:
+            self._record(tier.FlushRequested(jobs=tuple(late)))
+        self.met_in_flight += sum(1 for j in flush if j not in self.keys)
+        meta._kvstate_step = self.step
+        # What the ranks' tier audit needs of this step's jobs (a job of a
+        # finished request reads blocks the step's forward pass may reuse).
+        meta._kvstate_jobs, self.step_jobs = self.step_jobs, {}
+        self.commit()
+
+    def after_preemptions(self) -> None:
+        # Before the step's tables: these jobs' blocks may be handed on below.
+        if self._flush_first:
+            self._record(tier.FlushRequested(jobs=self._flush_first))
+
+    def _load(self, job: int, transfer: Any) -> None:
+        issued = self.loads.pop(job, None)
+        if issued is None:
+            self.met_in_flight += 1
+            return
+        req, table, local, prompt, keys = issued
+        gen = self.gens.get(req)
+        if gen is None:
+            gen = self.gens[req] = 0
+            self._record(ev.RequestAdmitted(req=req, gen=0, prompt_tokens=prompt))
+        elif req in self.finished or req in self.waiting:
+            self.met_in_flight += 1
+            return
+        else:  # preempted earlier; its load is its resume
+            gen = self.gens[req] = gen + 1
+            self._record(ev.RequestResumed(req=req, gen=gen))
+        self.waiting.add(req)
+        cached = tuple(table[: local // self.block_size])
+        self._record(
+            ev.BlocksAssigned(req=req, gen=gen, blocks=tuple(table), mode="replace", cached=cached)
+        )
+        self.keys[job] = tuple(keys)
+        self.step_jobs[job] = (req, gen, tuple(keys), False)
+        self._record(
+            tier.LoadEnqueued(
+                job=job,
+                req=req,
+                gen=gen,
+                writes=_ids(transfer.dst_spec),
+                keys=tuple(keys),
+                world_size=self.world_size,
+            )
+        )
+
+    def _store(self, job: int, transfer: Any, stored: list[str]) -> None:
+        req = transfer.req_id
+        gen = self.gens.get(req)
+        if gen is None:
+            self.met_in_flight += 1
+            return
+        keys = self.keys[job] = tuple(stored)
+        self.step_jobs[job] = (req, gen, keys, req in self.finished)
+        self._record(
+            ev.JobEnqueued(
+                job=job,
+                req=req,
+                gen=gen,
+                token_start=0,
+                token_end=0,
+                reads=_ids(transfer.src_spec),
+                pins=(),
+                keys=keys,
+                world_size=self.world_size,
+            )
+        )
+
+    def _evicted(self, keys: list[str]) -> None:
+        if keys:
+            self._record(tier.TierEvicted(keys=tuple(keys)))
+
+    # -- between steps --------------------------------------------------------------
+
+    def jobs_completed(self, completed: dict[int, int], ended: dict[int, bool]) -> None:
+        """Per-job counts summed over ranks; then, for each job that ended, its end.
+
+        ``ended`` maps a job that vLLM retired to whether it was a store.
+        """
+        for job, count in sorted(completed.items()):
+            if job not in self.keys:
+                self.met_in_flight += 1  # enqueued before this journal began
+                continue
+            self._record(ev.CompletionsReceived(job=job, count=count))
+        for job, is_store in sorted(ended.items()):
+            keys = self.keys.pop(job, None)
+            if keys is None:
+                continue
+            if is_store and keys:
+                self._record(tier.TierStored(job=job, keys=keys))
+            self._record(ev.PinsReleased(job=job, blocks=()))
