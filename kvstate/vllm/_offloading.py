@@ -75,10 +75,6 @@ def classes() -> tuple[Any, Any] | None:
     return found[0], found[1]
 
 
-def _completed(worker: Any) -> dict[int, int]:
-    return dict(worker._connector_worker_meta.completed_jobs)
-
-
 class OffloadingHooks:
     """The hooks on both halves; the observers come from the process, made on first use."""
 
@@ -181,60 +177,39 @@ class OffloadingHooks:
         audit = TierAudit(copier) if readable else None
         return OffloadingWorkerObserver(recorder, rank=rank, audit=audit)
 
+    # One observation before vLLM's call and one after it: each hook runs on
+    # the engine thread every step, most steps with nothing to journal.
+
     def prepare_store(self, original: Any, worker: Any, meta: Any) -> Any:
         observer = self._worker(worker)
         if observer is None:
             return original(worker, meta)
-        before = _completed(worker)
-        self.process.observe(observer.saw, meta)
-        # After the forward pass that computed their tokens: what they are to store.
-        self.process.observe(observer.saves_due, meta, finished_only=False)
-        self.process.observe(observer.receive, sorted(meta.store_jobs))
+        before = self.process.observe(observer.before_store, worker, meta)
         result = original(worker, meta)
-        self.process.observe(observer.reported, before, _completed(worker))
+        self.process.observe(observer.after_call, worker, before)
         return result
 
     def handle_preemptions(self, original: Any, worker: Any, meta: Any) -> Any:
         observer = self._worker(worker)
         if observer is None:
             return original(worker, meta)
-        flush = set(meta.jobs_to_flush or ())
-        self.process.observe(observer.saw, meta)
-        # A finished request's stores, before this step's forward pass may
-        # write the blocks vLLM freed (a new holder's, this very step).
-        self.process.observe(observer.saves_due, meta, finished_only=True)
-        before = _completed(worker)
-        # Stores flushed in the step that built them go straight to the copy worker.
-        popped = sorted(j for j in flush if j in meta.store_jobs)
-        self.process.observe(observer.receive, popped)
-        queued = [job for job, _, _ in worker._unsubmitted_store_jobs]
-        if worker._is_store_writer:
-            self.process.observe(observer.start, queued + popped)
+        before = self.process.observe(observer.before_preemptions, worker, meta)
         result = original(worker, meta)
-        self.process.observe(observer.reported, before, _completed(worker))
-        if flush:
-            self.process.observe(observer.flushed, flush)
+        self.process.observe(observer.after_call, worker, before, meta.jobs_to_flush)
         return result
 
     def start_transfers(self, original: Any, worker: Any, meta: Any) -> Any:
         observer = self._worker(worker)
-        if observer is None:
-            return original(worker, meta)
-        loads = sorted(meta.load_jobs)
-        queued = [job for job, _, _ in worker._unsubmitted_store_jobs]
-        self.process.observe(observer.saw, meta)
-        self.process.observe(observer.loads_received, meta)
-        self.process.observe(observer.receive, loads)
-        self.process.observe(observer.start, queued + loads)
+        if observer is not None:
+            self.process.observe(observer.before_transfers, worker, meta)
         return original(worker, meta)
 
     def get_finished(self, original: Any, worker: Any, *a: Any, **kw: Any) -> Any:
         observer = self._worker(worker)
         if observer is None:
             return original(worker, *a, **kw)
-        before = _completed(worker)
+        before = self.process.observe(observer.completed, worker)
         try:
             return original(worker, *a, **kw)
         finally:
-            self.process.observe(observer.reported, before, _completed(worker))
-            self.process.observe(observer.step_ended)
+            self.process.observe(observer.after_call, worker, before, None, True)

@@ -5,6 +5,7 @@ Tier keys and store keys are vLLM's ``OffloadKey`` bytes, in hex.
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from kvstate import events as ev
@@ -35,7 +36,13 @@ class ObservedManager:
         self.last_load: list[str] = []
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._manager, name)
+        value = getattr(self._manager, name)
+        if isinstance(value, types.MethodType):
+            # vLLM's scheduler calls the manager per request per step: its
+            # methods are found once, then at C speed in this proxy's dict.
+            # Data attributes are read through every time (they change).
+            self.__dict__[name] = value
+        return value
 
     def prepare_store(self, keys: Any, *args: Any, **kwargs: Any) -> Any:
         result = self._manager.prepare_store(keys, *args, **kwargs)

@@ -31,13 +31,77 @@ class OffloadingWorkerObserver:
     def _record(self, event: ev.Event) -> None:
         self.recorder.record(event, self.step)
 
+    # -- around vLLM's calls (what :class:`~kvstate.vllm._offloading.OffloadingHooks` calls)
+
+    @staticmethod
+    def completed(worker: Any) -> dict[int, int]:
+        """The rank's completion counts so far this step (vLLM resets them each step)."""
+        return dict(worker._connector_worker_meta.completed_jobs)
+
+    def before_store(self, worker: Any, meta: Any) -> dict[int, int]:
+        """``prepare_store_kv``: after the forward pass that computed their tokens,
+        this step's stores are due (and queued for the copy worker)."""
+        self.saw(meta)
+        self.saves_due(meta, finished_only=False)
+        if meta.store_jobs:
+            self.receive(sorted(meta.store_jobs))
+        return self.completed(worker)
+
+    def before_preemptions(self, worker: Any, meta: Any) -> dict[int, int]:
+        """``handle_preemptions``: a finished request's stores are due before this
+        step's forward pass may write the blocks vLLM freed (a new holder's, this
+        very step); stores flushed in the step that built them go straight to
+        the copy worker, with what was queued."""
+        self.saw(meta)
+        self.saves_due(meta, finished_only=True)
+        before = self.completed(worker)
+        flush = meta.jobs_to_flush
+        popped = sorted(j for j in flush if j in meta.store_jobs) if flush else []
+        if popped:
+            self.receive(popped)
+        if worker._is_store_writer:
+            queued = [job for job, _, _ in worker._unsubmitted_store_jobs]
+            if queued or popped:
+                self.start(queued + popped)
+        return before
+
+    def before_transfers(self, worker: Any, meta: Any) -> None:
+        """``start_kv_transfers``: this step's loads, and the queued stores, start."""
+        self.saw(meta)
+        queued = [job for job, _, _ in worker._unsubmitted_store_jobs]
+        if meta.load_jobs:
+            loads = sorted(meta.load_jobs)
+            self.loads_received(meta)
+            self.receive(loads)
+            queued += loads
+        if queued:
+            self.start(queued)
+
+    def after_call(
+        self,
+        worker: Any,
+        before: dict[int, int] | None,
+        flushed: Iterable[int] | None = None,
+        step_ended: bool = False,
+    ) -> None:
+        """What one vLLM call completed (``before``: the counts it began with;
+        None when taking them failed), the flush it waited for, the step's end."""
+        if before is not None:
+            after = worker._connector_worker_meta.completed_jobs
+            if after != before:
+                self.reported(before, dict(after))
+        if flushed:
+            self.flushed(flushed)
+        if step_ended:
+            self.step_ended()
+
     def saw(self, meta: Any) -> None:
         self.step = getattr(meta, "_kvstate_step", self.step)
         self.jobs.update(getattr(meta, "_kvstate_jobs", None) or {})
 
     def saves_due(self, meta: Any, *, finished_only: bool) -> None:
         """Fingerprint the store jobs whose blocks hold what they are to store now."""
-        if self.audit is None:
+        if self.audit is None or not meta.store_jobs:
             return
         for job, transfer in meta.store_jobs.items():
             named = self.jobs.get(job)
