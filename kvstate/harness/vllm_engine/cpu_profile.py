@@ -9,13 +9,18 @@ It is measured by exclusive attribution, not sampling: every function of
 interest is wrapped, each wrapper reads the thread's CPU clock
 (``time.thread_time_ns``) on the way in and out, and a per-thread stack
 charges each stretch of CPU time to the innermost category running. vLLM's
-``Scheduler.schedule`` and ``update_from_output`` and every method of the
-connector's classes are ``vllm``; the patches :func:`kvstate.vllm.install`
+``Scheduler.schedule`` and ``update_from_output``, every method of the
+connector class the engine calls, and the methods of the connector's halves
+that kvstate's patches call are ``vllm``; the patches :func:`kvstate.vllm.install`
 puts around them are ``kvstate``. So a kvstate patch inside vLLM's
 scheduler is charged to kvstate, and vLLM's own method inside the patch
 back to vLLM. What the wrappers themselves cost (two reads of the thread's
-clock and the bookkeeping, about a microsecond a call) is measured in the
-same process before the run and taken out of each side by its call count.
+clock and the bookkeeping) is sampled in the run, once per engine step with
+the caches as the engine left them, and taken out of each side by its call
+count. A warm loop's figure (about 2 us here) is a third of what a wrapper
+costs between two stretches of engine work: corrected by it, kvstate's
+hooks, many small calls, were charged several microseconds each that were
+the profiler's.
 
 Used by :mod:`kvstate.harness.vllm_engine.in_venv` when a run's config asks for
 ``profile``; never part of :mod:`kvstate.vllm`.
@@ -24,6 +29,7 @@ Used by :mod:`kvstate.harness.vllm_engine.in_venv` when a run's config asks for
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 import time
 import types
@@ -36,8 +42,6 @@ from kvstate.vllm._patches import Patches
 _clock = time.thread_time_ns
 #: the call that begins an engine step
 _STEP = "vllm:Scheduler.schedule"
-#: engine steps between two samples of what a wrapper costs
-CALIBRATE_EVERY = 100
 
 
 class Attribution:
@@ -59,7 +63,9 @@ class Attribution:
         #: what one wrapper charges to its own category, and to its caller's
         self.own_ns = 0.0
         self.leak_ns = 0.0
-        self._samples: list[tuple[float, float]] = []
+        #: wrapper costs sampled in the run: (samples, own ns, leaked ns) summed
+        self._in_run = [0, 0.0, 0.0]
+        self._probe: tuple[Attribution, Callable[[], None]] | None = None
         self._local = threading.local()
         self._lock = threading.Lock()
         self._patches = Patches()
@@ -88,7 +94,7 @@ class Attribution:
                     name_calls[outer[2]] += self.leak_ns / max(self.own_ns, 1.0)
             if name == _STEP:
                 self._step()
-                now = _clock()  # a calibration sample in _step is nobody's
+                now = _clock()  # the probe's sample in _step is nobody's
             frame: list[Any] = [category, now, name]
             stack.append(frame)
             try:
@@ -106,31 +112,84 @@ class Attribution:
 
         return functools.wraps(function)(charged)
 
+    def collecting(self, phase: str, info: dict[str, Any]) -> None:
+        """A ``gc.callbacks`` entry: the interpreter's collections are a category of their own.
+
+        A collection runs on whichever thread allocated past the threshold,
+        inside whatever function it was in: vLLM's, or a kvstate hook. A
+        full collection of an engine's heap takes milliseconds; charged to
+        the call it fell in, one of them is more than a step's worth of
+        either side. It is the process's, not either side's: ``gc``.
+        """
+        local = self._local
+        stack = local.__dict__.get("stack")
+        if not stack:
+            return  # outside every wrapped call: nobody's
+        now = _clock()
+        thread = local.thread
+        if phase == "start":
+            outer = stack[-1]
+            with self._lock:
+                self.ns[(outer[0], thread)] += now - outer[1]
+                self.by_name[outer[2]] += now - outer[1]
+            stack.append(["gc", now, "gc:collect"])
+        elif stack[-1][0] == "gc":
+            frame = stack.pop()
+            with self._lock:
+                self.ns[("gc", thread)] += now - frame[1]
+                self.by_name["gc:collect"] += now - frame[1]
+            if stack:
+                stack[-1][1] = now
+
     def calibrate(self, rounds: int = 20000) -> None:
-        """Measure what a wrapper costs, so :meth:`on_thread` can take it out.
+        """Measure what a wrapper costs, before the run, so :meth:`on_thread` can take it out.
 
         Two empty functions, one wrapped in the other: the inner one's
         exclusive time is one wrapper's own cost (two clock reads and the
         bookkeeping), the outer one's is that plus what a nested wrapper
-        leaves to its caller. During a run this is sampled again every
-        :data:`CALIBRATE_EVERY` steps, under the run's own load (a clock
-        read costs more on a busy machine), and the samples are averaged.
+        leaves to its caller. This warm loop is only the estimate until the
+        run's own samples (:meth:`_sample`) replace it.
         """
+        probe, outer = self._probe_pair()
+        for _ in range(rounds):
+            outer()
+        thread = threading.current_thread().name
+        own = probe.ns[("inner", thread)] / rounds
+        self.own_ns = own
+        self.leak_ns = max(0.0, probe.ns[("outer", thread)] / rounds - own)
+
+    @staticmethod
+    def _probe_pair() -> tuple[Attribution, Callable[[], None]]:
         probe = Attribution()
 
         def empty() -> None:
             return None
 
-        outer = probe.wrap("outer", probe.wrap("inner", empty))
-        for _ in range(rounds):
-            outer()
+        return probe, probe.wrap("outer", probe.wrap("inner", empty))
+
+    def _sample(self) -> None:
+        """One probe call at each counted step's start, with the caches as the
+        engine left them.
+
+        A wrapper costs several times more between two stretches of engine
+        work than in a warm loop (its code and the thread's clock out of the
+        caches): corrected by the warm figure, every small call would be
+        charged that difference, and kvstate's hooks are many small calls.
+        The mean of one sample per step is what each wrapper costs here.
+        """
+        if self._probe is None:
+            self._probe = self._probe_pair()
+        probe, outer = self._probe
+        probe.ns.clear()
+        outer()
         thread = threading.current_thread().name
-        own = probe.ns[("inner", thread)] / rounds
-        leak = max(0.0, probe.ns[("outer", thread)] / rounds - own)
-        self._samples.append((own, leak))
-        in_run = self._samples[1:] or self._samples  # the first was taken before the run
-        self.own_ns = sum(o for o, _ in in_run) / len(in_run)
-        self.leak_ns = sum(x for _, x in in_run) / len(in_run)
+        own = probe.ns[("inner", thread)]
+        tally = self._in_run
+        tally[0] += 1
+        tally[1] += own
+        tally[2] += max(0, probe.ns[("outer", thread)] - own)
+        self.own_ns = tally[1] / tally[0]
+        self.leak_ns = tally[2] / tally[0]
 
     def _step(self) -> None:
         self.steps += 1
@@ -141,8 +200,8 @@ class Attribution:
                 self.nested.clear()
                 self.by_name.clear()
                 self.name_calls.clear()
-        elif self.steps > self.warmup and self.steps % CALIBRATE_EVERY == 0 and self._samples:
-            self.calibrate(rounds=300)
+        if self.steps > self.warmup:
+            self._sample()
 
     def patch(self, owner: Any, name: str, category: str) -> None:
         """Replace ``owner.name`` by its charged version (undone by :meth:`restore`)."""
@@ -173,7 +232,12 @@ def _methods(cls: type) -> list[str]:
 
 
 def instrument(
-    journal_dir: str, *, fingerprint: bool, warmup: int = 50, detail: bool = False
+    journal_dir: str,
+    *,
+    fingerprint: bool,
+    warmup: int = 50,
+    detail: bool = False,
+    connector: str = "mooncake",
 ) -> tuple[Attribution, Callable[[], None]]:
     """Install kvstate's observer with vLLM's side and kvstate's side charged apart.
 
@@ -183,31 +247,54 @@ def instrument(
     breakdown of the kvstate side; it adds wrappers, not CPU to either side.
     vLLM's methods are wrapped first, so kvstate's patches wrap the charged
     versions; then each of kvstate's patches is wrapped in turn.
+
+    ``connector`` is ``"mooncake"`` (vLLM's MooncakeStoreConnector) or
+    ``"offloading"`` (its OffloadingConnector; there the tier manager's
+    ``prepare_store`` and ``prepare_load`` are vLLM's side, and kvstate's
+    side adds the proxy it puts in front of that manager,
+    :class:`~kvstate.vllm._offloading_scheduler.ObservedManager`, attribute
+    lookups included). The host tier's copies run on a thread of their own
+    and are on neither side of the engine thread's split.
     """
     import kvstate.vllm
-    from kvstate.vllm._compat import detect
 
     prof = Attribution(warmup=warmup)
     prof.calibrate()
-    connector = detect()
-    classes = [
-        connector.cls("connector", "MooncakeStoreConnector"),
-        connector.cls("scheduler", "MooncakeStoreScheduler"),
-        connector.cls("worker", "MooncakeStoreWorker"),
-    ]
+    facade, *halves = _connector_classes(connector)
     from vllm.v1.core.sched.scheduler import Scheduler
 
+    # vLLM's side at its entry points only: the scheduler's two calls and the
+    # connector class the engine calls (every connector call goes through
+    # it). Each wrapper costs a few microseconds in the run and the
+    # correction for it is an average: wrapping every helper of the
+    # connector's halves would make most of either side the profiler's.
     for name in ("schedule", "update_from_output"):
         prof.patch(Scheduler, name, "vllm")
-    for cls in classes:
-        for name in _methods(cls):
-            prof.patch(cls, name, "vllm")
+    for name in _methods(facade):
+        prof.patch(facade, name, "vllm")
+    # Below kvstate's patches, vLLM's methods they call are vLLM's: which
+    # those are, install() says (undone at once; it opens no journal).
+    kvstate.vllm.install(journal_dir, fingerprint=fingerprint)
+    hooked = [(o, n) for o, n in kvstate.vllm.patched() if o in halves and not n.startswith("__")]
+    kvstate.vllm.uninstall()
+    for owner, name in hooked:
+        prof.patch(owner, name, "vllm")
+    if connector == "offloading":
+        from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+        for name in ("prepare_store", "prepare_load"):  # under kvstate's proxy
+            prof.patch(CPUOffloadingManager, name, "vllm")
     kvstate.vllm.install(journal_dir, fingerprint=fingerprint)
     for owner, name in list(kvstate.vllm.patched()):
         # the engine thread's patches (the sending thread's are apart; a
         # constructor runs once)
-        if owner in classes and not name.startswith("__"):
+        if owner in (facade, *halves) and not name.startswith("__"):
             prof.patch(owner, name, "kvstate")
+    if connector == "offloading":
+        from kvstate.vllm._offloading_scheduler import ObservedManager
+
+        for name in ("prepare_store", "prepare_load", "__getattr__"):
+            prof.patch(ObservedManager, name, "kvstate")
 
     if detail:
         # kvstate's own layers, for a breakdown of the kvstate side (by_name)
@@ -218,7 +305,13 @@ def instrument(
         from kvstate.vllm._scheduler import SchedulerObserver
         from kvstate.vllm._worker import WorkerObserver
 
-        for cls in (SchedulerObserver, WorkerObserver, GroupCommit):
+        observers: list[type] = [SchedulerObserver, WorkerObserver, GroupCommit]
+        if connector == "offloading":
+            from kvstate.vllm._offloading_scheduler import OffloadingSchedulerObserver
+            from kvstate.vllm._offloading_worker import OffloadingWorkerObserver
+
+            observers += [OffloadingSchedulerObserver, OffloadingWorkerObserver]
+        for cls in observers:
             for name in _methods(cls):
                 prof.patch(cls, name, "kvstate")
         prof.patch(Recorder, "record", "kvstate")
@@ -234,11 +327,39 @@ def instrument(
                     setattr(proxy, fn, prof.wrap("kvstate", getattr(module, fn)))
             setattr(pw, module_name, proxy)
 
+    gc.callbacks.append(prof.collecting)
+
     def undo() -> None:
         kvstate.vllm.uninstall()
         prof.restore()
+        gc.callbacks.remove(prof.collecting)
 
     return prof, undo
+
+
+def _connector_classes(connector: str) -> list[type]:
+    """The connector class the engine calls, then its scheduler and worker halves."""
+    if connector == "mooncake":
+        from kvstate.vllm._compat import detect
+
+        found = detect()
+        return [
+            found.cls("connector", "MooncakeStoreConnector"),
+            found.cls("scheduler", "MooncakeStoreScheduler"),
+            found.cls("worker", "MooncakeStoreWorker"),
+        ]
+    if connector == "offloading":
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
+            OffloadingConnector,
+        )
+
+        from kvstate.vllm import _offloading
+
+        halves = _offloading.classes()
+        if halves is None:
+            raise RuntimeError("this vLLM's OffloadingConnector has not the shape kvstate observes")
+        return [OffloadingConnector, *halves]
+    raise ValueError(f"connector must be 'mooncake' or 'offloading', not {connector!r}")
 
 
 def summary(prof: Attribution) -> dict[str, Any]:
@@ -250,12 +371,14 @@ def summary(prof: Attribution) -> dict[str, Any]:
     }
     main = prof.on_thread("MainThread")
     kv, vl = main.get("kvstate", 0), main.get("vllm", 0)
+    collected = main.get("gc", 0)
     return {
         "steps": steps,
         "warmup_steps": prof.warmup,
         "kvstate_us_per_step": round(kv / 1000 / max(steps, 1), 1),
         "vllm_us_per_step": round(vl / 1000 / max(steps, 1), 1),
         "ratio": round(kv / vl, 4) if vl else None,
+        "gc_us_per_step": round(collected / 1000 / max(steps, 1), 1),
         "wrapper_ns": round(prof.own_ns + prof.leak_ns),
-        "top_us_per_step": dict(sorted(per_name.items(), key=lambda kv: -kv[1])[:14]),
+        "top_us_per_step": dict(sorted(per_name.items(), key=lambda kv: -kv[1])[:30]),
     }

@@ -159,6 +159,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                     cfg["journal_dir"],
                     fingerprint=cfg.get("fingerprint", True),
                     detail=cfg["profile"] == "detail",
+                    connector="offloading" if offloading else "mooncake",
                 )[0]
             else:
                 kvstate.vllm.install(cfg["journal_dir"], fingerprint=cfg.get("fingerprint", True))
