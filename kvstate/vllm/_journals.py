@@ -64,11 +64,12 @@ def run_name(vllm_config: Any = None) -> str:
     """
     transfer = getattr(vllm_config, "kv_transfer_config", None)
     extra = (getattr(transfer, "kv_connector_extra_config", None) or {}) if transfer else {}
-    named = extra.get(RUN_KEY)
-    if named:
-        return str(named)
+    named = extra.get(RUN_KEY) if isinstance(extra, dict) else None
+    if isinstance(named, str) and named:
+        return named
     instance = getattr(vllm_config, "instance_id", "")
-    return f"vllm-{instance}" if instance else _fallback["run"]
+    # a unit test's mocked config names no run: the process's own then
+    return f"vllm-{instance}" if isinstance(instance, str) and instance else _fallback["run"]
 
 
 def open_journal(

@@ -33,7 +33,7 @@ import importlib
 from typing import Any
 
 from kvstate import tier_events as tier
-from kvstate.vllm._offloading_scheduler import ObservedManager, OffloadingSchedulerObserver
+from kvstate.vllm._offloading_scheduler import ManagerTap, OffloadingSchedulerObserver
 from kvstate.vllm._offloading_worker import OffloadingWorkerObserver
 from kvstate.vllm._process import ObservedProcess
 from kvstate.vllm._tier_audit import TierAudit
@@ -103,7 +103,7 @@ class OffloadingHooks:
     ) -> None:
         original(sched, spec, vllm_config, *a, **kw)
         sched.__dict__["_kvstate_config"] = vllm_config
-        sched.manager = ObservedManager(sched.manager, sched)
+        sched.__dict__["_kvstate_tap"] = ManagerTap.attach(sched)
 
     def _observer(self, sched: Any) -> OffloadingSchedulerObserver | None:
         return self.process.scheduler(sched, self._new_scheduler)  # type: ignore[return-value]
@@ -115,12 +115,13 @@ class OffloadingHooks:
         recorder = self.process.open(config, "scheduler", block_size, world, tier.OFFLOADING)
         return OffloadingSchedulerObserver(recorder, block_size=block_size, world_size=world)
 
-    def after_alloc(
-        self, original: Any, sched: Any, request: Any, blocks: Any, n: int, *a: Any, **kw: Any
-    ) -> Any:
+    def after_alloc(self, original: Any, sched: Any, *a: Any, **kw: Any) -> Any:
+        # Passed on exactly as called: vLLM's tests name the arguments.
         before = sched._job_counter
-        result = original(sched, request, blocks, n, *a, **kw)
+        result = original(sched, *a, **kw)
         if sched._job_counter != before:  # a load job was issued
+            request = a[0] if a else kw.get("request")
+            blocks = a[1] if len(a) > 1 else kw.get("blocks")
             observer = self._observer(sched)
             if observer is not None:
                 self.process.observe(observer.load_issued, sched, request, blocks, before)

@@ -5,8 +5,8 @@ Tier keys and store keys are vLLM's ``OffloadKey`` bytes, in hex.
 
 from __future__ import annotations
 
-import types
 from typing import Any
+from unittest.mock import NonCallableMock
 
 from kvstate import events as ev
 from kvstate import tier_events as tier
@@ -22,30 +22,41 @@ def _ids(spec: Any) -> tuple[int, ...]:
     return tuple(int(b) for b in getattr(spec, "block_ids", ()))
 
 
-class ObservedManager:
-    """The scheduler's tier manager, with what ``prepare_*`` decided kept for the journal.
+class ManagerTap:
+    """What the scheduler's tier manager's ``prepare_*`` decided, kept for the journal.
 
-    Every other attribute is the manager's own.
+    Its two methods are put on the manager object itself (instance
+    attributes shadowing the class's), so the manager stays the object vLLM
+    made: vLLM's own tests check ``isinstance(connector_scheduler.manager,
+    MagicMock)``, and a proxy in its place failed 114 of them. A manager
+    that is a test's mock is not tapped at all (the test configures and
+    asserts its calls); its stores are then journaled without keys.
     """
 
     def __init__(self, manager: Any, sched: Any) -> None:
-        self._manager = manager
         self._sched = sched
+        self._prepare_store = manager.prepare_store
+        self._prepare_load = manager.prepare_load
         #: (the next job id when it ran, keys to store, keys evicted), this step
         self.stores: list[tuple[int, list[str], list[str]]] = []
         self.last_load: list[str] = []
 
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._manager, name)
-        if isinstance(value, types.MethodType):
-            # vLLM's scheduler calls the manager per request per step: its
-            # methods are found once, then at C speed in this proxy's dict.
-            # Data attributes are read through every time (they change).
-            self.__dict__[name] = value
-        return value
+    @classmethod
+    def attach(cls, sched: Any) -> ManagerTap | None:
+        """Tap ``sched.manager``; None where it is a mock or takes no attributes."""
+        manager = getattr(sched, "manager", None)
+        if manager is None or isinstance(manager, NonCallableMock):
+            return None
+        tap = cls(manager, sched)
+        try:
+            manager.prepare_store = tap.prepare_store
+            manager.prepare_load = tap.prepare_load
+        except AttributeError:  # a manager with __slots__: observed without keys
+            return None
+        return tap
 
     def prepare_store(self, keys: Any, *args: Any, **kwargs: Any) -> Any:
-        result = self._manager.prepare_store(keys, *args, **kwargs)
+        result = self._prepare_store(keys, *args, **kwargs)
         if result is not None:
             self.stores.append(
                 (
@@ -58,7 +69,12 @@ class ObservedManager:
 
     def prepare_load(self, keys: Any, *args: Any, **kwargs: Any) -> Any:
         self.last_load = [_hex(k) for k in keys]
-        return self._manager.prepare_load(keys, *args, **kwargs)
+        return self._prepare_load(keys, *args, **kwargs)
+
+
+def tap_of(sched: Any) -> ManagerTap | None:
+    tap: ManagerTap | None = sched.__dict__.get("_kvstate_tap")
+    return tap
 
 
 class OffloadingSchedulerObserver(SchedulerObserver):
@@ -79,8 +95,8 @@ class OffloadingSchedulerObserver(SchedulerObserver):
 
     def load_issued(self, sched: Any, request: Any, blocks: Any, job: int) -> None:
         """``update_state_after_alloc`` issued load job ``job`` into ``blocks``."""
-        manager = sched.manager
-        keys = list(getattr(manager, "last_load", ()))
+        tap = tap_of(sched)
+        keys = list(tap.last_load) if tap is not None else []
         status = sched._req_status.get(request.request_id)
         local = getattr(status, "num_locally_computed_tokens", 0) if status else 0
         table = _table(blocks.get_block_ids())
@@ -101,10 +117,10 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         self.record_requests(out, local)
         for job in sorted(meta.load_jobs):
             self._load(job, meta.load_jobs[job])
-        manager = sched.manager
-        stores = list(getattr(manager, "stores", ()))
-        if stores:
-            manager.stores = []
+        tap = tap_of(sched)
+        stores = list(tap.stores) if tap is not None else []
+        if stores and tap is not None:
+            tap.stores = []
         for job in sorted(meta.store_jobs):
             # A prepare_store that made no job may still have evicted.
             while stores and stores[0][0] < job:
