@@ -251,10 +251,10 @@ def instrument(
     ``connector`` is ``"mooncake"`` (vLLM's MooncakeStoreConnector) or
     ``"offloading"`` (its OffloadingConnector; there the tier manager's
     ``prepare_store`` and ``prepare_load`` are vLLM's side, and kvstate's
-    side adds the proxy it puts in front of that manager,
-    :class:`~kvstate.vllm._offloading_scheduler.ObservedManager`, attribute
-    lookups included). The host tier's copies run on a thread of their own
-    and are on neither side of the engine thread's split.
+    side adds the tap it puts on that manager's two methods,
+    :class:`~kvstate.vllm._offloading_scheduler.ManagerTap`). The host
+    tier's copies run on a thread of their own and are on neither side of
+    the engine thread's split.
     """
     import kvstate.vllm
 
@@ -291,10 +291,10 @@ def instrument(
         if owner in (facade, *halves) and not name.startswith("__"):
             prof.patch(owner, name, "kvstate")
     if connector == "offloading":
-        from kvstate.vllm._offloading_scheduler import ObservedManager
+        from kvstate.vllm._offloading_scheduler import ManagerTap
 
-        for name in ("prepare_store", "prepare_load", "__getattr__"):
-            prof.patch(ObservedManager, name, "kvstate")
+        for name in ("prepare_store", "prepare_load"):
+            prof.patch(ManagerTap, name, "kvstate")
 
     if detail:
         # kvstate's own layers, for a breakdown of the kvstate side (by_name)

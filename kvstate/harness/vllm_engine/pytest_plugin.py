@@ -34,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--kvstate-journals",
         metavar="DIR",
         default=None,
-        help="journal every MooncakeStoreConnector the tests build into DIR",
+        help="journal every connector the tests build (Mooncake store, offloading) into DIR",
     )
     group.addoption(
         "--kvstate-per-test",
@@ -66,7 +66,9 @@ def _kvstate_journal_per_test(request: pytest.FixtureRequest) -> Iterator[None]:
     if folder is None or not request.config.getoption("--kvstate-per-test"):
         yield
         return
-    kvstate.vllm.install(folder / _UNSAFE.sub("_", request.node.name))
+    # the module in the name too: two files of a suite may name a test alike
+    name = f"{request.node.path.stem}.{request.node.name}"
+    kvstate.vllm.install(folder / _UNSAFE.sub("_", name))
     try:
         yield
     finally:

@@ -1,4 +1,9 @@
-"""vLLM's own unit tests of the Mooncake store scheduler, run with and without kvstate.
+"""vLLM's own connector unit tests, run with and without kvstate.
+
+Two suites (:data:`SUITES`): the Mooncake store scheduler's tests, and the
+OffloadingConnector's (``offloading_connector/``: its scheduler driven
+through a real V1 Scheduler by the release's ``RequestRunner``, its worker,
+events, metrics and config).
 
 The observer must never change what vLLM does. The strongest check is the
 release's own tests: vLLM's ``tests/v1/kv_connector/unit/
@@ -25,6 +30,7 @@ The outcomes of the three must be the same, test by test.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -41,10 +47,34 @@ SDISTS = {"0.32.0": "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dd
 #: the folder of the release's connector unit tests, inside the sdist
 UNIT = "tests/v1/kv_connector/unit"
 SCHEDULER_TESTS = f"{UNIT}/test_mooncake_store_scheduler.py"
+#: suite -> the release's tests it runs (a file or a folder of the sdist's tree)
+SUITES = {
+    "mooncake": SCHEDULER_TESTS,
+    # the OffloadingConnector's scheduler, worker, events, metrics and config
+    # tests: a real V1 Scheduler driven by the release's RequestRunner
+    "offloading": f"{UNIT}/offloading_connector",
+}
 MODES = ("plain", "session", "per-test")
 MARKER = ".kvstate-upstream-tests"
 #: pip's network timeout (seconds without an answer)
 STALL_S = 120
+
+
+#: the model vLLM's connector test helpers build their ``ModelConfig`` from
+#: (``create_vllm_config``); its public ``config.json``, no weights: the tests
+#: schedule token ids and never load a model
+TEST_MODEL = "facebook/opt-125m"
+TEST_MODEL_CONFIG = {
+    "_name_or_path": TEST_MODEL, "activation_dropout": 0.0, "activation_function": "relu",
+    "architectures": ["OPTForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 2,
+    "do_layer_norm_before": True, "dropout": 0.1, "eos_token_id": 2, "ffn_dim": 3072,
+    "hidden_size": 768, "init_std": 0.02, "layerdrop": 0.0, "max_position_embeddings": 2048,
+    "model_type": "opt", "num_attention_heads": 12, "num_hidden_layers": 12,
+    "pad_token_id": 1, "prefix": "</s>", "torch_dtype": "float16", "use_cache": True,
+    "vocab_size": 50272, "word_embed_proj_dim": 768,
+}  # fmt: skip
+#: the revision the offline cache names (no hub revision is claimed)
+_REVISION = "0" * 40
 
 
 class UpstreamError(RuntimeError):
@@ -78,6 +108,27 @@ def ensure(root: Path, release: str = "0.32.0") -> Path:
     with atomic_output(marker, force=True) as out:
         Path(out).write_text(SDISTS[release] + "\n")
     return tree
+
+
+def model_cache(tree: Path) -> Path:
+    """A Hugging Face cache, ours, holding only :data:`TEST_MODEL`'s ``config.json``.
+
+    The runs are offline (``HF_HUB_OFFLINE``) against it: this machine
+    reaches no model hub, and a test that asked one would wait on the
+    network instead of ending. The folder is under the release's venv,
+    never the user's own cache.
+    """
+    home = tree.parent / "hf-home"
+    repo = home / "hub" / f"models--{TEST_MODEL.replace('/', '--')}"
+    config = repo / "snapshots" / _REVISION / "config.json"
+    if not config.is_file():
+        config.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_output(config, force=True) as out:
+            Path(out).write_text(json.dumps(TEST_MODEL_CONFIG, indent=1) + "\n")
+        (repo / "refs").mkdir(exist_ok=True)
+        with atomic_output(repo / "refs" / "main", force=True) as out:
+            Path(out).write_text(_REVISION)
+    return home
 
 
 def _pip_install_pytest(python: Path) -> None:
@@ -144,23 +195,36 @@ def _copy_tests(source: Path, dest: Path) -> None:
     shutil.copytree(source / UNIT, dest / UNIT)
 
 
-def run(root: Path, mode: str, journals: Path | None, release: str = "0.32.0") -> dict[str, str]:
-    """Run the release's scheduler tests one way; test id -> passed/failed/error/skipped.
+def run(
+    root: Path,
+    mode: str,
+    journals: Path | None,
+    release: str = "0.32.0",
+    suite: str = "mooncake",
+) -> dict[str, str]:
+    """Run one suite of the release's tests one way; test id -> passed/failed/error/skipped.
 
-    ``journals`` is the folder the observer writes into (``session`` and
-    ``per-test``); it must not exist yet.
+    ``suite`` names the tests (:data:`SUITES`). ``journals`` is the folder
+    the observer writes into (``session`` and ``per-test``); it must not
+    exist yet.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if suite not in SUITES:
+        raise ValueError(f"suite must be one of {sorted(SUITES)}, not {suite!r}")
     tree = ensure(root, release)
     python = venvs.python_of(venvs.venv_path(root, release))
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
-        # --noconftest: vLLM's top-level conftest wants its whole test stack
-        # (tblib, model downloads); the scheduler tests need none of it.
+        # vLLM's top-level conftest wants its whole test stack (tblib, model
+        # downloads) and is not copied. The Mooncake scheduler tests need no
+        # conftest at all (--noconftest); the offloading tests need the unit
+        # folder's (its request_runner fixture, and the CPU backend's block
+        # sizes mocked as on vLLM's CPU CI), and none above it.
+        conftest = ["--noconftest"] if suite == "mooncake" else [f"--confcutdir={UNIT}"]
         argv = [
-            str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest",
-            "-W", "ignore::DeprecationWarning", f"--junitxml={report}", SCHEDULER_TESTS,
+            str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *conftest,
+            "-W", "ignore::DeprecationWarning", f"--junitxml={report}", SUITES[suite],
         ]  # fmt: skip
         if mode != "plain":
             if journals is None:
@@ -171,7 +235,8 @@ def run(root: Path, mode: str, journals: Path | None, release: str = "0.32.0") -
             argv += [f"--kvstate-journals={journals}"]
             if mode == "per-test":
                 argv.append("--kvstate-per-test")
-        done = subprocess.run(argv, cwd=tree, capture_output=True, text=True)
+        env = {**os.environ, "HF_HOME": str(model_cache(tree)), "HF_HUB_OFFLINE": "1"}
+        done = subprocess.run(argv, cwd=tree, capture_output=True, text=True, env=env)
         if not report.is_file():
             raise UpstreamError(
                 f"pytest wrote no report (status {done.returncode}):\n{done.stdout[-3000:]}"
@@ -195,10 +260,11 @@ def outcomes(junit: Path) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     """Print the three runs' counts, and each test whose outcome differs; 1 if any does.
 
-    ``--fetch`` only fetches the tests (``make vllm-unit-tests``); a folder
-    argument (new) keeps the runs' journals there.
+    ``--fetch`` only fetches the tests (``make vllm-unit-tests``);
+    ``--suite offloading`` runs the OffloadingConnector's tests instead of the
+    Mooncake scheduler's; a folder argument (new) keeps the runs' journals there.
     """
-    args = sys.argv[1:] if argv is None else argv
+    args = sys.argv[1:] if argv is None else list(argv)
     root = Path(__file__).resolve().parents[3]
     if args == ["--fetch"]:
         try:
@@ -207,9 +273,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vLLM's unit tests: {exc}", file=sys.stderr)
             return 1
         return 0
+    suite = "mooncake"
+    if args[:1] == ["--suite"] and len(args) > 1:
+        suite, args = args[1], args[2:]
+    if suite not in SUITES:
+        print(f"vLLM's unit tests: no suite {suite!r} (one of {sorted(SUITES)})", file=sys.stderr)
+        return 2
     out = Path(args[0]) if args else Path(tempfile.mkdtemp(prefix="vllm-unit-"))
     try:
-        runs = {mode: run(root, mode, out / mode) for mode in MODES}
+        runs = {mode: run(root, mode, out / mode, suite=suite) for mode in MODES}
     except (UpstreamError, venvs.VenvError) as exc:
         print(f"vLLM's unit tests: {exc}", file=sys.stderr)
         return 1
