@@ -36,6 +36,7 @@ def snapshot(ledger: L) -> L:
     new.step, new.records = ledger.step, ledger.records
     new.last_seq, new.last_kind = ledger.last_seq, ledger.last_kind
     new.crashes = list(ledger.crashes)
+    new.stood_down = ledger.stood_down
     new.keys_missing = ledger.keys_missing
     new.foreign_loads = ledger.foreign_loads
     new.pinned = dict(ledger.pinned)

@@ -62,6 +62,8 @@ class LedgerState:
     last_seq: int | None = attrs.field(default=None, metadata={FOLDED: True})
     last_kind: str | None = attrs.field(default=None, metadata={FOLDED: True})
     crashes: list[int] = attrs.field(factory=list, metadata={FOLDED: True})
+    #: "seq N: reason" of the first observer_stood_down: the journal is incomplete from there
+    stood_down: str | None = attrs.field(default=None, metadata={FOLDED: True})
     #: key_missing records: keys the store no longer had when read back
     keys_missing: int = attrs.field(default=0, metadata={FOLDED: True})
     #: key_loaded records: loads of keys another engine wrote (judged across runs)

@@ -85,6 +85,13 @@ def check_ended(ledger: LedgerState) -> list[Violation]:
     checked for leaked pins, missing reports or held blocks, so it must not
     read as plainly clean.
     """
+    if ledger.stood_down is not None:
+        why = (
+            f"the observer stood down at {ledger.stood_down}; nothing after it was "
+            "journaled, so the end-of-run checks (LEAKED_PIN, MISSING_REPORT, "
+            "HELD_FOREVER) did not run"
+        )
+        return [finding(Code.UNFINISHED, ledger.last_seq or 0, why)]
     if ledger.last_kind in ("engine_idle", "engine_crashed") or ledger.last_seq is None:
         return []
     why = (

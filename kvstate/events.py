@@ -455,6 +455,18 @@ class RecordRefused(Event, frozen=True):
     error: str
 
 
+@_kind("observer_stood_down", SIDE_JOURNAL)
+class ObserverStoodDown(Event, frozen=True):
+    """Addition: the observer stopped journaling this connector here, and
+    wrote nothing after it. What vLLM handed it is not what it reads (a unit
+    test's hand-built object in place of vLLM's, a KV cache of several
+    groups); ``reason`` says which. The journal is incomplete from here on:
+    the fold runs no end-of-run check after it, and replay reports
+    ``UNFINISHED`` naming the reason, never clean."""
+
+    reason: str
+
+
 def rank_of(event: Event) -> int | None:
     """The rank of a worker event; None for every other side."""
     return getattr(event, "rank", None) if event.side == SIDE_WORKER else None

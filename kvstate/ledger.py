@@ -106,6 +106,7 @@ class Ledger(LedgerState):
             ev.KeyLoaded: self._on_key_loaded,
             ev.KeyMissing: self._on_key_missing,
             ev.RecordRefused: self._on_refused,
+            ev.ObserverStoodDown: self._on_stood_down,
             tier.LoadEnqueued: self._on_load_enqueued,
             tier.FlushRequested: self._on_flush_requested,
             tier.FlushDone: self._on_flush_done,
@@ -471,7 +472,15 @@ class Ledger(LedgerState):
         why = f"a {event.refused} record was refused and not journaled: {event.error}"
         out.append(finding(Code.RECORD_REFUSED, seq, why))
 
+    def _on_stood_down(self, seq: int, event: ev.ObserverStoodDown, out: Out) -> None:
+        if self.stood_down is None:
+            self.stood_down = f"seq {seq}: {event.reason}"
+
     def _on_idle(self, seq: int, event: ev.EngineIdle, out: Out) -> None:
+        if self.stood_down is not None:
+            # The observer journaled nothing after it stood down: pins,
+            # reports and tables it never saw end are not leaks.
+            return
         if self.offload.due:
             self.offload.steps_end(seq, out)
         check_quiescent(self, seq, out)

@@ -101,6 +101,9 @@ EXAMPLES["flush_requested"] = {"jobs": [3]}
 EXAMPLES["flush_done"] = {"jobs": [3]}
 EXAMPLES["tier_stored"] = {"job": 3, "keys": ["k1", "k2"]}
 EXAMPLES["tier_evicted"] = {"keys": ["k1"]}
+#: the observer's own end of a journal it cannot go on with (kvstate.vllm)
+ADDED_KINDS |= {"observer_stood_down"}
+EXAMPLES["observer_stood_down"] = {"reason": "the scheduler output is a SimpleNamespace"}
 
 
 def record(kind: str, payload: dict[str, object], *, seq: int = 7, step: int = 2) -> Record:

@@ -14,6 +14,13 @@ tests with ``FileExistsError`` raised into vLLM's constructor, and the
 per-test run failed ``test_scheduler_only_tracks_token_ids_for_kv_events``
 (it builds two schedulers). Journals that started mid-lifecycle then claimed
 LEAKED_PIN, LEAKED_BLOCKS and MISSING_REPORT the tests did not contain.
+In the offloading session, journals of different tests' connectors shared
+a run name (a unit test's config names no run) and their headers
+disagreed; tests that hand the connector objects of their own making (a
+``SimpleNamespace`` scheduler output, completions of workers that do not
+exist, a ``reset_cache`` that discards jobs in flight) made journals that
+claimed CRASH, PHANTOM_COMPLETION or MISSING_REPORT. The observer now
+stands down there, with the reason (replay: UNFINISHED).
 """
 
 from __future__ import annotations
@@ -59,12 +66,6 @@ def test_journals_of_unit_tests_claim_no_violation(
 ) -> None:
     """A test that stops mid-lifecycle leaves a journal that says UNFINISHED, never a leak."""
     _, out = runs
-    if out.name.startswith("vllm-unit-offloading"):
-        pytest.xfail(
-            "not yet: in one session the offloading journals of different connectors "
-            "share a run name (their headers then disagree), and a test that hands the "
-            "connector a hand-built scheduler output makes the observer fail (CRASH)"
-        )
     journals = group([str(out / mode)])
     if mode == "session":
         assert len(journals) > 1  # every connector of the process, a journal of its own
@@ -72,12 +73,16 @@ def test_journals_of_unit_tests_claim_no_violation(
         # a test that builds two schedulers gets two journals in its folder
         folders = [Path(paths[0]).parent for paths in journals.values()]
         assert len(set(folders)) < len(folders)
-    unfinished = worked = 0
+    unfinished = worked = stood_down = 0
     for run, paths in journals.items():
         result = replay(paths)
         assert result.violations == [], (run, [v.code for v in result.violations])
         assert {w.code for w in result.warnings} <= {Code.UNFINISHED}, run
         unfinished += result.unfinished
         worked += bool(result.ledger.jobs)
+        stood_down += result.ledger.stood_down is not None
     # the tests did leave lifecycles open, and the observer did journal jobs
     assert unfinished > 0 and worked > 0
+    if out.name.startswith("vllm-unit-offloading"):
+        # some of them hand the connector objects of their own making
+        assert stood_down > 0

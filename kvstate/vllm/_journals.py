@@ -43,6 +43,10 @@ def journal_dir(vllm_config: Any = None) -> Path:
 #: the engine's own process, the uniprocess executor, shares it), renewed by
 #: :func:`new_fallback_run` when finish() ends the process's journals
 _fallback = {"run": uuid.uuid4().hex}
+#: config object id -> (the config, kept so its id is not reused; its run)
+_unnamed: dict[int, tuple[Any, str]] = {}
+#: (run, journal name) -> journals of it this process opened
+_opened: dict[tuple[str, str], int] = {}
 
 
 def new_fallback_run() -> None:
@@ -53,6 +57,7 @@ def new_fallback_run() -> None:
     run, and ``kvstate replay`` would merge unrelated tests into one fold.
     """
     _fallback["run"] = uuid.uuid4().hex
+    _unnamed.clear()
 
 
 def run_name(vllm_config: Any = None) -> str:
@@ -60,7 +65,11 @@ def run_name(vllm_config: Any = None) -> str:
 
     ``kv_connector_extra_config["kvstate_run"]`` when an operator names it
     (a fleet's runs by host and start, say); else vLLM's ``instance_id``,
-    which the engine sets once and hands to every process it starts.
+    which the engine sets once and hands to every process it starts. A
+    config that names neither (a unit test's) is a run of its own within the
+    process's: the scheduler and the worker a test builds from one config
+    share it, and another test's connectors, in the same process and the
+    same folder, are never merged with them.
     """
     transfer = getattr(vllm_config, "kv_transfer_config", None)
     extra = (getattr(transfer, "kv_connector_extra_config", None) or {}) if transfer else {}
@@ -68,8 +77,15 @@ def run_name(vllm_config: Any = None) -> str:
     if isinstance(named, str) and named:
         return named
     instance = getattr(vllm_config, "instance_id", "")
-    # a unit test's mocked config names no run: the process's own then
-    return f"vllm-{instance}" if isinstance(instance, str) and instance else _fallback["run"]
+    if isinstance(instance, str) and instance:
+        return f"vllm-{instance}"
+    if vllm_config is None:
+        return _fallback["run"]
+    # a unit test's mocked config: the process's run, one per config object
+    _, run = _unnamed.setdefault(
+        id(vllm_config), (vllm_config, f"{_fallback['run']}-c{len(_unnamed) + 1}")
+    )
+    return run
 
 
 def open_journal(
@@ -105,15 +121,18 @@ def open_journal(
     name = role if protocol is None else f"{protocol}-{role}"
     if protocol is not None:
         run = f"{run}-{protocol}"
-    path = folder / f"{name}-{os.getpid()}.db"
-    n = 1
-    while path.exists():
-        n += 1
-        path = folder / f"{name}-{os.getpid()}-{n}.db"
+    # The n-th connector of one run in this process (an engine restarted
+    # in-process, a test that builds two schedulers from one config) is a
+    # run of its own: its scheduler and its ranks all get the n-th journal
+    # of their role in that run.
+    n = _opened[run, name] = _opened.get((run, name), 0) + 1
     if n > 1:
-        # The n-th connector of this process (its scheduler and ranks all
-        # get the n-th journal of their role) is a run of its own.
         run = f"{run}-{n}"
+    path = folder / f"{name}-{os.getpid()}.db"
+    k = 1
+    while path.exists():
+        k += 1
+        path = folder / f"{name}-{os.getpid()}-{k}.db"
     scheduler = role == "scheduler"
     recorder = Recorder.open(
         path,

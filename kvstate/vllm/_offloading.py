@@ -35,7 +35,9 @@ from typing import Any
 from kvstate import tier_events as tier
 from kvstate.vllm._offloading_scheduler import ManagerTap, OffloadingSchedulerObserver
 from kvstate.vllm._offloading_worker import OffloadingWorkerObserver
-from kvstate.vllm._process import ObservedProcess
+from kvstate.vllm._process import ObservedProcess, _world_size
+from kvstate.vllm._shapes import Shapes
+from kvstate.vllm._stand_down import stand_down
 from kvstate.vllm._tier_audit import TierAudit
 
 PACKAGE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading"
@@ -75,12 +77,20 @@ def classes() -> tuple[Any, Any] | None:
     return found[0], found[1]
 
 
+#: why a connector of a hybrid model is not journaled
+_GROUPS = (
+    "the KV cache has {} groups (a hybrid model's full and sliding-window or "
+    "Mamba layers); the contract has one block table per request"
+)
+
+
 class OffloadingHooks:
     """The hooks on both halves; the observers come from the process, made on first use."""
 
     def __init__(self, process: ObservedProcess, scheduler: Any, worker: Any) -> None:
         self.process = process
         self.classes = (scheduler, worker)
+        self.shapes = Shapes.of_vllm()
 
     def patch(self) -> None:
         sched, worker = self.classes
@@ -90,6 +100,8 @@ class OffloadingHooks:
         around(sched, "build_connector_meta", self.build_connector_meta)
         around(sched, "update_connector_output", self.connector_output)
         around(sched, "request_finished", self.request_finished)
+        if hasattr(sched, "reset_cache"):  # vLLM #41956 on
+            around(sched, "reset_cache", self.reset_cache)
         around(worker, "__init__", self.worker_init)
         around(worker, "prepare_store_kv", self.prepare_store)
         around(worker, "handle_preemptions", self.handle_preemptions)
@@ -113,7 +125,13 @@ class OffloadingHooks:
         block_size = int(sched.config.kv_group_configs[0].tokens_per_block)
         world = int(sched.config.num_workers)
         recorder = self.process.open(config, "scheduler", block_size, world, tier.OFFLOADING)
-        return OffloadingSchedulerObserver(recorder, block_size=block_size, world_size=world)
+        observer = OffloadingSchedulerObserver(
+            recorder, block_size=block_size, world_size=world, shapes=self.shapes
+        )
+        groups = len(sched.config.kv_group_configs)
+        if groups != 1:
+            stand_down(observer, _GROUPS.format(groups))
+        return observer
 
     def after_alloc(self, original: Any, sched: Any, *a: Any, **kw: Any) -> Any:
         # Passed on exactly as called: vLLM's tests name the arguments.
@@ -140,12 +158,51 @@ class OffloadingHooks:
         observer = self._observer(sched) if completed else None
         if observer is None:
             return original(sched, connector_output)
+        partial = self._partial_world(observer)
+        if partial is not None:
+            self.process.observe(stand_down, observer, partial)
+            return original(sched, connector_output)
         jobs = sched._jobs
         kinds = {job: jobs[job].is_store for job in completed if job in jobs}
         result = original(sched, connector_output)
         ended = {job: is_store for job, is_store in kinds.items() if job not in jobs}
         self.process.observe(observer.jobs_completed, completed, ended)
         self.process.observe(observer.commit)
+        return result
+
+    def _partial_world(self, observer: OffloadingSchedulerObserver) -> str | None:
+        """Why completions reaching ``observer`` cannot be journaled, or None.
+
+        A real engine runs either every rank of its world beside the
+        scheduler (one process, world size 1) or none of them (a process per
+        worker). vLLM's own tests run one worker object for a world of
+        several and hand the scheduler the other workers' completions
+        themselves: counts no rank made, which the journal would show as
+        PHANTOM_COMPLETION.
+        """
+        run = _run_of(observer)
+        with self.process.lock:
+            here = sum(1 for rank in self.process.ranks if _run_of(rank) == run)
+        if 0 < here < observer.world_size:
+            return (
+                f"the connector has {observer.world_size} workers, and this process runs "
+                f"{here} of them beside its scheduler: the others' completions are a "
+                "test's, made by no worker"
+            )
+        return None
+
+    def reset_cache(self, original: Any, sched: Any, *a: Any, **kw: Any) -> Any:
+        in_flight = len(getattr(sched, "_jobs", ()) or ())
+        result = original(sched, *a, **kw)
+        observer = self._observer(sched)
+        if observer is not None and in_flight:
+            # Discarded jobs end with no completion and their ranks' late
+            # reports are dropped: the contract has no record for that.
+            why = (
+                f"vLLM's reset_cache discarded {in_flight} job(s) in flight; the contract "
+                "has no record of a job the scheduler discards"
+            )
+            self.process.observe(stand_down, observer, why)
         return result
 
     def request_finished(self, original: Any, sched: Any, request: Any, *a: Any, **kw: Any) -> Any:
@@ -170,13 +227,20 @@ class OffloadingHooks:
         config = worker.__dict__.get("_kvstate_config")
         parallel = getattr(getattr(worker.spec, "config", None), "parallel", None)
         rank = int(getattr(parallel, "rank", 0) or 0)
-        block_size = int(getattr(getattr(config, "cache_config", None), "block_size", 0) or 16)
-        world = int(getattr(getattr(config, "parallel_config", None), "world_size", 1) or 1)
-        recorder = self.process.open(config, f"worker-{rank}", block_size, world, tier.OFFLOADING)
+        # The spec's, as the scheduler half's (its groups' GPU block sizes):
+        # vLLM's tests give the cache config another block size.
+        sizes = tuple(getattr(worker.spec, "tokens_per_block", ()) or (16,))
+        world = int(getattr(parallel, "world_size", 0) or _world_size(config))
+        recorder = self.process.open(
+            config, f"worker-{rank}", int(sizes[0]), world, tier.OFFLOADING
+        )
         copier = getattr(worker, "worker", None)
         readable = self.process.fingerprint and hasattr(copier, "device_digest")
         audit = TierAudit(copier) if readable else None
-        return OffloadingWorkerObserver(recorder, rank=rank, audit=audit)
+        observer = OffloadingWorkerObserver(recorder, rank=rank, audit=audit)
+        if len(sizes) != 1:
+            stand_down(observer, _GROUPS.format(len(sizes)))
+        return observer
 
     # One observation before vLLM's call and one after it: each hook runs on
     # the engine thread every step, most steps with nothing to journal.
@@ -214,3 +278,8 @@ class OffloadingHooks:
             return original(worker, *a, **kw)
         finally:
             self.process.observe(observer.after_call, worker, before, None, True)
+
+
+def _run_of(observer: Any) -> Any:
+    """The run named in the header of ``observer``'s journal."""
+    return getattr(observer.recorder.header.event, "run", None)

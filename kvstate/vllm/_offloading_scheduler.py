@@ -12,6 +12,7 @@ from kvstate import events as ev
 from kvstate import tier_events as tier
 from kvstate.recorder import Recorder
 from kvstate.vllm._scheduler import SchedulerObserver, _table
+from kvstate.vllm._shapes import Shapes
 
 
 def _hex(key: Any) -> str:
@@ -80,8 +81,12 @@ def tap_of(sched: Any) -> ManagerTap | None:
 class OffloadingSchedulerObserver(SchedulerObserver):
     """Journals one ``OffloadingConnectorScheduler`` (see the module docstring)."""
 
-    def __init__(self, recorder: Recorder, *, block_size: int, world_size: int) -> None:
+    def __init__(
+        self, recorder: Recorder, *, block_size: int, world_size: int, shapes: Shapes | None = None
+    ) -> None:
         super().__init__(recorder, block_size=block_size, world_size=world_size, numbering=False)
+        #: vLLM's classes, to stand down on a test's hand-built scheduler output
+        self.shapes = shapes
         #: load job -> (req, the request's table, its locally cached tokens, prompt
         #: tokens, tier keys), from ``update_state_after_alloc``
         self.loads: dict[int, tuple[str, list[int], int, int, list[str]]] = {}
@@ -103,6 +108,8 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         self.loads[job] = (request.request_id, table, local, request.num_prompt_tokens, keys)
 
     def after_build(self, sched: Any, out: Any, meta: Any, before: dict[str, Any]) -> None:
+        if self.shapes is not None:
+            self.shapes.check_output(out)  # before anything of it is journaled
         self.step += 1
         flush = set(meta.jobs_to_flush or ())
         self._flush_first = tuple(sorted(j for j in flush if j in self.keys))

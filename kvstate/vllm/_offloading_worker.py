@@ -19,6 +19,8 @@ class OffloadingWorkerObserver:
         self.recorder = recorder
         self.rank = rank
         self.step = 0
+        #: its journal was ended (finish(), or the observer stood down)
+        self.closed = False
         self.group = GroupCommit(recorder)
         #: jobs received and not yet reported (kvstate.vllm.outstanding)
         self.unreported: set[int] = set()
@@ -157,4 +159,7 @@ class OffloadingWorkerObserver:
         self.group.step_ended()
 
     def close(self) -> None:
+        if self.closed:  # stood down, or ended by an error of ours
+            return
+        self.closed = True
         self.recorder.close()

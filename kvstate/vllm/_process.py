@@ -13,11 +13,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from kvstate import events as ev
 from kvstate.errors import RefusedValueError
 from kvstate.vllm import _journals
 from kvstate.vllm._compat import Connector
 from kvstate.vllm._patches import Patches
 from kvstate.vllm._scheduler import SchedulerObserver
+from kvstate.vllm._stand_down import StandDown, stand_down
 from kvstate.vllm._worker import WorkerObserver
 
 _log = logging.getLogger("kvstate.vllm")
@@ -43,6 +45,9 @@ class ObservedProcess:
         self.worker_config: Any = None
         #: errors inside the observer; a journal they touched is never reported clean
         self.failures: list[str] = []
+        #: why an observer stood down before its journal opened (nothing of it
+        #: was journaled, so no other journal of the process is touched)
+        self.stood_down: list[str] = []
         #: finish() ended this process's journals; install() starts anew
         self.ended = False
         #: ranks whose journal could not be opened: not tried again on every call
@@ -51,23 +56,52 @@ class ObservedProcess:
     def observe(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``call(*args, **kwargs)``, one observation; an observer error never reaches vLLM.
 
-        vLLM's own work goes on. The journal is then incomplete, so
-        :meth:`finish` ends it with ``engine_crashed`` naming the error
-        instead of ``engine_idle``: replay reports ``CRASH``, never clean.
+        vLLM's own work goes on. Where ``call`` is a method of one observer,
+        what went wrong ends that observer's journal alone, so one test's
+        hand-built object in a session of hundreds ends one journal, not
+        every one:
+
+        - :class:`StandDown`, or values the contract refuses (a connector
+          unit test's ``MagicMock`` block size): the observer stands down
+          (``observer_stood_down``; replay says UNFINISHED with the reason);
+        - any other error, ours: the journal ends with ``engine_crashed``
+          naming it, and replay reports ``CRASH``, never clean.
+
+        An error outside any observer (making one, opening its journal) is
+        the process's: :meth:`finish` then ends every scheduler journal with
+        ``engine_crashed``.
         """
         try:
             return call(*args, **kwargs)
-        except RefusedValueError as exc:
-            # What the observer read off vLLM is not what the contract needs (a
-            # connector unit test's MagicMock block_size): it stands down, with
-            # the reason, instead of journaling values no reader could read.
-            self.failures.append(f"{type(exc).__name__}: {exc}")
-            _log.warning("kvstate observer stands down: %s", exc)
+        except (StandDown, RefusedValueError) as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            owner = _owner(call)
+            if owner is None:
+                # Nothing was journaled (its journal never opened): nothing to end.
+                self.stood_down.append(reason)
+                _log.warning("kvstate observer stands down: %s", reason)
+            else:
+                _log.warning("kvstate observer stands down for one connector: %s", reason)
+                self._end(owner, lambda: stand_down(owner, reason))
             return None
         except Exception as exc:
-            self.failures.append(f"{type(exc).__name__}: {exc}")
-            _log.exception("kvstate observer failed; the journal will end with engine_crashed")
+            reason = f"{type(exc).__name__}: {exc}"
+            _log.exception("kvstate observer failed; its journal ends with engine_crashed")
+            owner = _owner(call)
+            if owner is None:
+                self.failures.append(reason)
+            else:
+                self._end(owner, lambda: _crashed(owner, f"kvstate observer failed: {reason}"))
             return None
+
+    def _end(self, owner: Any, end: Callable[[], None]) -> None:
+        # Ending a journal must not raise into vLLM either; if it does, the
+        # process's journals end with engine_crashed at finish().
+        try:
+            end()
+        except Exception as exc:
+            self.failures.append(f"{type(exc).__name__}: {exc}")
+            _log.exception("kvstate could not end a journal")
 
     def _observing(self) -> bool:
         # False after finish() until the next install(): an engine still
@@ -117,6 +151,8 @@ class ObservedProcess:
                         self.unobservable.add(rank)
                     else:
                         self.workers[rank] = observer
+        if observer is None or observer.closed:
+            return None  # never made, or stood down
         return observer
 
     def rank(self, worker: Any, make: Callable[[Any], Any]) -> Any:
@@ -132,8 +168,8 @@ class ObservedProcess:
                     worker.__dict__["_kvstate_observer"] = observer
                     if made is not None:
                         self.ranks.append(made)
-        if not observer or observer not in self.ranks:
-            return None  # never made, or ended by finish()
+        if not observer or observer.closed or observer not in self.ranks:
+            return None  # never made, stood down, or ended by finish()
         return observer
 
     def _new_scheduler(self, sched: Any) -> SchedulerObserver:
@@ -196,7 +232,7 @@ class ObservedProcess:
             self.ended = True
             for rank in sorted(self.workers):
                 observer = self.workers.pop(rank)
-                if read_back and not self.failures:
+                if read_back and not self.failures and not observer.closed:
                     for name, value in (self.observe(observer.audit) or {}).items():
                         counts[name] += value
                 self.observe(observer.close)  # finish() never raises into its caller
@@ -221,7 +257,24 @@ class ObservedProcess:
             while self.ranks:
                 self.ranks.pop().close()
             while self.schedulers:
-                self.schedulers.pop().recorder.close()
+                observer = self.schedulers.pop()
+                if not observer.closed:
+                    observer.recorder.close()
+
+
+def _owner(call: Callable[..., Any]) -> Any:
+    """The observer whose method ``call`` is, or None (a hook's own code, a maker)."""
+    owner = getattr(call, "__self__", None)
+    return owner if hasattr(owner, "recorder") and hasattr(owner, "closed") else None
+
+
+def _crashed(observer: Any, error: str) -> None:
+    """End ``observer``'s journal with ``engine_crashed``: what it journaled is incomplete."""
+    if observer.closed:
+        return
+    observer.closed = True
+    observer.recorder.record(ev.EngineCrashed(error=error), observer.step)
+    observer.recorder.close()
 
 
 def _world_size(config: Any) -> int:

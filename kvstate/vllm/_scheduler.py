@@ -307,8 +307,11 @@ class SchedulerObserver:
         stopped with work queued) or that met lifecycles begun before it
         cannot claim that: it ends without engine_idle and replay says
         UNFINISHED. A request that finished while its job's pins are still
-        held is the pre-fix leak, and stays a LEAKED_PIN.
+        held is the pre-fix leak, and stays a LEAKED_PIN. A journal already
+        ended (its observer stood down) is left as it is.
         """
+        if self.closed:
+            return
         self.closed = True
         if error is not None:
             self._record(ev.EngineCrashed(error=error))

@@ -85,6 +85,8 @@ class WorkerObserver:
         self.rank = rank
         self.fingerprint = fingerprint
         self.step = 0
+        #: its journal was ended (finish(), or the observer stood down)
+        self.closed = False
         self.group = GroupCommit(recorder)
         self.current = threading.local()
         #: job -> chunk index -> digest at save-request time
@@ -305,4 +307,7 @@ class WorkerObserver:
         return counts
 
     def close(self) -> None:
+        if self.closed:  # stood down, or ended by an error of ours
+            return
+        self.closed = True
         self.recorder.close()
