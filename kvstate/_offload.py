@@ -20,6 +20,14 @@ leaf: it imports no ledger.
   otherwise the new holder's writes race the store's reads.
 - ``STALE_COMPLETION`` (vLLM #39186, under the protocol only): a completion
   counted for a job that already ended was meant for some other job.
+- ``STORE_CURSOR_PAST_TABLE`` (vLLM #52211, under the protocol only): a
+  resumed request's table starts empty, and so must the connector's store
+  cursor: its first store begins where what it loaded ends, or at a chunk
+  the tier still holds. A store whose ``parent`` (the tier key of the chunk
+  before its first) this incarnation neither loaded nor stored, and the
+  tier no longer holds, was built from a cursor left where the last
+  incarnation's table ended: the chunks between are never stored again, and
+  no prefix lookup crosses that hole to the keys this store writes.
 
 A finish-time store: the connector builds a finished request's last stores
 at the next step, after vLLM freed its blocks, and fences them by the flush
@@ -73,6 +81,16 @@ class OffloadState:
     #: finish-time store -> (its job_enqueued, that record's seq, a block handed
     #: over this step, the hand-over's seq): to be flushed before the step ends
     due: dict[int, tuple[Any, int, int, int]] = attrs.Factory(dict)
+    #: req -> (gen, the resume's seq, tier keys that incarnation loaded or
+    #: stored) while an incarnation begun by ``request_resumed`` runs (protocol only)
+    resumed: dict[str, tuple[int, int, set[str]]] = attrs.Factory(dict)
+    #: resumed incarnations that finished in this step, and in the step
+    #: before: their finish-time stores come the step after the finish
+    finished_now: list[tuple[str, int]] = attrs.Factory(list)
+    finished_before: list[tuple[str, int]] = attrs.Factory(list)
+    #: tier key -> live store jobs writing it (protocol only): the connector
+    #: skips a key another store is already writing, as one the tier holds
+    storing: dict[str, dict[int, None]] = attrs.Factory(dict)
 
     def copy(self) -> OffloadState:
         return attrs.evolve(
@@ -85,6 +103,10 @@ class OffloadState:
             evicted=dict(self.evicted),
             reading=_copy_sets(self.reading),
             due=dict(self.due),
+            resumed={req: (gen, seq, set(keys)) for req, (gen, seq, keys) in self.resumed.items()},
+            storing=_copy_sets(self.storing),
+            finished_now=list(self.finished_now),
+            finished_before=list(self.finished_before),
         )
 
     # -- jobs begin and end --------------------------------------------------------------
@@ -114,9 +136,14 @@ class OffloadState:
                 )
             )
         mine[job.job] = job.load
+        if self.resumed:
+            self._cursor(seq, job, out)
         if job.load:
             self._load_reads(seq, job, out)
-        elif self.on and job.reads:
+        elif self.on:
+            for key in job.keys:
+                self.storing.setdefault(key, {})[job.job] = None
+        if self.on and not job.load and job.reads:
             self.read_done[job.job] = set()
             for block in job.reads:
                 self.readers.setdefault(block, {})[job.job] = None
@@ -131,6 +158,61 @@ class OffloadState:
                 out.append(finding(Code.TIER_READ_STALE, seq, why, gone, of=job, key=key))
             self.reading.setdefault(key, {})[job.job] = None
 
+    # -- the store cursor of a resumed request -----------------------------------------
+
+    def resumed_at(self, seq: int, req: str, gen: int) -> None:
+        """``req`` runs again as ``gen``: a table, and a store cursor, from nothing."""
+        if self.on:
+            self.resumed[req] = (gen, seq, set())
+
+    def preempted(self, req: str) -> None:
+        """``req`` was preempted: its incarnation stores no more."""
+        if self.resumed:
+            self.resumed.pop(req, None)
+
+    def finished(self, req: str, gen: int) -> None:
+        """``req`` finished: its last stores are built in the next step, then it stores no more."""
+        mine = self.resumed.get(req)
+        if mine is not None and mine[0] == gen:
+            self.finished_now.append((req, gen))
+
+    def _forget_finished(self) -> None:
+        for req, gen in self.finished_before:
+            mine = self.resumed.get(req)
+            if mine is not None and mine[0] == gen:
+                del self.resumed[req]
+        self.finished_before, self.finished_now = self.finished_now, []
+
+    def _cursor(self, seq: int, job: StoreJobState, out: Out) -> None:
+        mine = self.resumed.get(job.req)
+        if mine is None or mine[0] != job.gen:
+            return
+        _, resumed_seq, covered = mine
+        parent = job.parent
+        if not job.load and parent is not None and parent not in covered:
+            self._past_the_table(seq, job, parent, resumed_seq, out)
+        covered.update(job.keys)
+
+    def _past_the_table(
+        self, seq: int, job: StoreJobState, parent: str, resumed_seq: int, out: Out
+    ) -> None:
+        """A resumed request's store begins after ``parent``, a chunk it never
+        loaded or stored: right only while the tier holds it or a live store
+        writes it (the connector skips what the tier has or is getting)."""
+        if parent in self.held or parent in self.storing:
+            return
+        gone = self.evicted.get(parent)
+        why = (
+            f"store job {job.job} of {job.req}/{job.gen} begins after tier key "
+            f"{parent!r}, which this incarnation neither loaded nor stored and the "
+            "tier " + ("evicted" if gone is not None else "does not hold") + ": its "
+            "store cursor was left where the last incarnation's table ended when the "
+            "table was cleared at the resume, so the chunks before are never stored "
+            "again and no prefix lookup reaches the keys this job stores"
+        )
+        code = Code.STORE_CURSOR_PAST_TABLE
+        out.append(finding(code, seq, why, resumed_seq, gone, of=job, key=parent))
+
     def ended(self, job: StoreJobState) -> None:
         """The job's end (``pins_released``): it reads and races nothing any more."""
         mine = self.live.get(job.req)
@@ -143,6 +225,9 @@ class OffloadState:
                 self._forget(self.reading, key, job.job)
         else:
             self._stop_reading(job)
+            if self.storing:
+                for key in job.keys:
+                    self._forget(self.storing, key, job.job)
 
     def _stop_reading(self, job: StoreJobState) -> None:
         if self.read_done.pop(job.job, None) is None:
@@ -204,6 +289,8 @@ class OffloadState:
         """A new scheduler step: the last one's due flushes are late now."""
         if self.due:
             self.steps_end(seq, out)
+        if self.finished_before or self.finished_now:
+            self._forget_finished()
         self.step_seq = seq
 
     def steps_end(self, seq: int, out: Out) -> None:

@@ -201,6 +201,7 @@ class Ledger(LedgerState):
             why = f"request_resumed for {event.req}, which was never admitted"
             out.append(finding(Code.CAUSALITY, seq, why, req=event.req, gen=event.gen))
         self._new_generation(seq, event.kind, event.req, event.gen, out)
+        self.offload.resumed_at(seq, event.req, event.gen)
 
     def _on_blocks_assigned(self, seq: int, event: ev.BlocksAssigned, out: Out) -> None:
         inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
@@ -238,6 +239,7 @@ class Ledger(LedgerState):
             return
         self._drop_table(seq, inc, out, f"preempting {inc.name}")
         inc.state, inc.ended_seq = PREEMPTED, seq
+        self.offload.preempted(event.req)
 
     def _on_finished(self, seq: int, event: ev.RequestFinished, out: Out) -> None:
         inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
@@ -250,6 +252,7 @@ class Ledger(LedgerState):
             self._drop_table(seq, inc, out, f"finishing {inc.name}")
             inc.held = False
         inc.state, inc.ended_seq = FINISHED, seq
+        self.offload.finished(event.req, event.gen)
 
     def _on_held_released(self, seq: int, event: ev.HeldBlocksReleased, out: Out) -> None:
         inc = self._incarnation(seq, event.kind, event.req, event.gen, out)

@@ -49,6 +49,7 @@ class Code(str, enum.Enum):
     STALE_COMPLETION = "STALE_COMPLETION"
     UNFLUSHED_REUSE = "UNFLUSHED_REUSE"
     TIER_READ_STALE = "TIER_READ_STALE"
+    STORE_CURSOR_PAST_TABLE = "STORE_CURSOR_PAST_TABLE"
     # -- docs/events.md, "Violation codes": warnings (do not change the verdict) --
     RELEASE_ORDER = "RELEASE_ORDER"
     # -- additions (docs/events.md): warnings only --
@@ -355,6 +356,12 @@ class TierReadStaleError(InvariantViolation):
     """A load of a tier key that is not held, or that is evicted or rewritten under it."""
 
     code = Code.TIER_READ_STALE
+
+
+class StoreCursorPastTableError(InvariantViolation):
+    """A resumed request's store starts past chunks it never stored again (vLLM #52211)."""
+
+    code = Code.STORE_CURSOR_PAST_TABLE
 
 
 EXCEPTIONS: dict[Code, type[InvariantViolation]] = {

@@ -38,8 +38,9 @@ class ManagerTap:
         self._sched = sched
         self._prepare_store = manager.prepare_store
         self._prepare_load = manager.prepare_load
-        #: (the next job id when it ran, keys to store, keys evicted), this step
-        self.stores: list[tuple[int, list[str], list[str]]] = []
+        #: (the next job id when it ran, keys to store, keys evicted, the first
+        #: key to store as vLLM has it), this step
+        self.stores: list[tuple[int, list[str], list[str], Any]] = []
         self.last_load: list[str] = []
 
     @classmethod
@@ -64,6 +65,7 @@ class ManagerTap:
                     self._sched._job_counter,
                     [_hex(k) for k in result.keys_to_store],
                     [_hex(k) for k in result.evicted_keys],
+                    next(iter(result.keys_to_store), None),
                 )
             )
         return result
@@ -71,6 +73,21 @@ class ManagerTap:
     def prepare_load(self, keys: Any, *args: Any, **kwargs: Any) -> Any:
         self.last_load = [_hex(k) for k in keys]
         return self._prepare_load(keys, *args, **kwargs)
+
+
+def _parent(status: Any, first: Any) -> str | None:
+    """The tier key of the chunk before ``first`` in its request's chain (None at
+    the first chunk, or where the request's keys are not at hand): what
+    STORE_CURSOR_PAST_TABLE checks a resumed request's store against."""
+    groups = getattr(status, "group_states", None)
+    if not groups or first is None:
+        return None
+    chain = groups[0].offload_keys
+    try:
+        at = chain.index(first)
+    except ValueError:
+        return None
+    return _hex(chain[at - 1]) if at else None
 
 
 def tap_of(sched: Any) -> ManagerTap | None:
@@ -133,11 +150,14 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             while stores and stores[0][0] < job:
                 self._evicted(stores.pop(0)[2])
             keys: list[str] = []
+            parent = None
+            transfer = meta.store_jobs[job]
             if stores and stores[0][0] == job:
-                _, keys, evicted = stores.pop(0)
+                _, keys, evicted, first = stores.pop(0)
                 self._evicted(evicted)
-            self._store(job, meta.store_jobs[job], keys)
-        for _, _, evicted in stores:
+                parent = _parent(status.get(transfer.req_id), first)
+            self._store(job, transfer, keys, parent)
+        for _, _, evicted, _ in stores:
             self._evicted(evicted)
         late = sorted(j for j in flush if j in self.keys and j not in self._flush_first)
         if late:
@@ -188,7 +208,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             )
         )
 
-    def _store(self, job: int, transfer: Any, stored: list[str]) -> None:
+    def _store(self, job: int, transfer: Any, stored: list[str], parent: str | None) -> None:
         req = transfer.req_id
         gen = self.gens.get(req)
         if gen is None:
@@ -207,6 +227,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
                 pins=(),
                 keys=keys,
                 world_size=self.world_size,
+                parent=parent,
             )
         )
 
