@@ -53,6 +53,9 @@ _JOB_RECORDS = frozenset(
     if "job" in cls.payload_fields and cls not in (ev.KeyVerified, ev.LoadVerified, ev.JobEnqueued)
 )
 
+#: kinds that name several jobs (``jobs``), each read by the fold
+_JOBS_RECORDS = frozenset(cls for cls in ev.EVENT_TYPES.values() if "jobs" in cls.payload_fields)
+
 
 class Parking:
     """Parks one :class:`~kvstate.ledger.Ledger`'s settled state in its archive.
@@ -112,6 +115,12 @@ class Parking:
                 if job is None:
                     return  # never enqueued: the fold flags it
             req = job.req
+        elif kind in _JOBS_RECORDS:
+            # a flush names its jobs in a list; the fold reads each
+            for job_id in event.jobs:  # type: ignore[attr-defined]
+                if job_id not in ledger.jobs and job_id in self.jobs:
+                    self._unpark_job(job_id)
+            req = None
         elif kind is ev.JobEnqueued:
             enq: ev.JobEnqueued = event  # type: ignore[assignment]
             if enq.job not in ledger.jobs and enq.job in self.jobs:
@@ -164,6 +173,10 @@ class Parking:
     def _job_settled(self, job: StoreJobState) -> bool:
         ledger = self.ledger
         if job.job in ledger.pinned:
+            return False
+        if ledger.offload.on and job.released_seq is None:
+            # Under the offloading protocol a job pins nothing: until its end
+            # it may still be flushed, completed or race a block's new holder.
             return False
         if not ledger.observes_workers:
             # A live scheduler sees no rank records: its job is done once every
