@@ -87,3 +87,14 @@ def test_zoo_without_out_never_stops_on_an_earlier_run_and_shows_whole_names(
     assert len(list((tmp_path / "zoo").iterdir())) == 2 * len(CASES)
     for name in CASES:  # at 80 columns, every name whole (it is what one types next)
         assert name in first, first
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_docs_table_says_what_the_legacy_journal_gives(name: str) -> None:
+    """docs/bug-zoo.md's row of each case names its code, seq and record kind."""
+    entries, found = fold(name, "legacy")
+    first = found[0]
+    kind = entries[first.seq - 1].event.kind
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "bug-zoo.md").read_text()
+    row = next(line for line in docs.splitlines() if line.startswith(f"| `{name}` |"))
+    assert f"`{first.code.value}` at seq {first.seq} (`{kind}`)" in row

