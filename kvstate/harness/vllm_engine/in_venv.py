@@ -15,7 +15,8 @@ vLLM's connector without kvstate (the overhead benchmark's baseline).
 host tier of :mod:`kvstate.vllm.host_tier` (``copy_steps`` holds each
 store's copy that many engine steps, ``tier_bytes`` sizes the tier,
 ``flushes: false`` drops vLLM's flushes as before vLLM #29870); round 2
-loads from the tier.
+loads from the tier. ``connector="multi"`` runs vLLM's MultiConnector with
+both, observed through ``install()``.
 
 A watchdog ends a run that stops making progress (the connector before
 vLLM #52372 can starve its pool): no step with output and no put for
@@ -141,6 +142,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     model = checkpoint.write(Path(cfg["model"]), seed=cfg.get("model_seed", 0))
     mode = cfg["mode"]
     offloading = cfg.get("connector", "mooncake") == "offloading"
+    #: the host tier runs (the OffloadingConnector alone, or in a MultiConnector)
+    tiered = cfg.get("connector", "mooncake") in ("offloading", "multi")
     result: dict[str, Any] = {"mode": mode, "round1": {}, "round2": {}}
     started = time.monotonic()
     progress = Progress()
@@ -190,42 +193,11 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     watchdog.start()
 
     from vllm import LLM, SamplingParams
-    from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
     kwargs: dict[str, Any] = {}
-    if mode != "reference" and offloading:
-        from kvstate.vllm import host_tier
-
-        tier_extra: dict[str, Any] = {
-            "spec_name": "HostTierSpec",
-            "spec_module_path": "kvstate.vllm.host_tier",
-            "cpu_bytes_to_use": int(cfg.get("tier_bytes", 1 << 24)),
-            host_tier.DELAY_KEY: int(cfg.get("copy_steps", 0)),
-        }
-        via_connector = journaled and cfg.get("via", "connector") == "connector"
-        if via_connector:
-            tier_extra["kvstate_journal_dir"] = cfg["journal_dir"]
-        kwargs["kv_transfer_config"] = KVTransferConfig(
-            kv_connector="JournaledOffloadingConnector" if via_connector else "OffloadingConnector",
-            kv_role="kv_both",
-            kv_connector_extra_config=tier_extra,
-            **({"kv_connector_module_path": "kvstate.vllm"} if via_connector else {}),
-        )
-    elif mode != "reference":
-        extra: dict[str, Any] = {"load_async": True}
-        name = "MooncakeStoreConnector"
-        # Two ways in: the connector setting, or install() and vLLM's own name.
-        subclass = journaled and cfg.get("via", "connector") == "connector"
-        if subclass:
-            extra["kvstate_journal_dir"] = cfg["journal_dir"]
-            name = "JournaledMooncakeStoreConnector"
-        kwargs["kv_transfer_config"] = KVTransferConfig(
-            kv_connector=name,
-            kv_role="kv_both",
-            kv_connector_extra_config=extra,
-            **({"kv_connector_module_path": "kvstate.vllm"} if subclass else {}),
-        )
+    if mode != "reference":
+        kwargs["kv_transfer_config"] = _transfer_config(cfg, journaled)
     if mode != "reference" and not offloading and cfg.get("kv_events", True):
         # The connector publishes BlockStored events only with KV events on;
         # the journal then checks each event's parent against the hash chain.
@@ -279,7 +251,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         progress.phase = "draining"
         result["drained"] = _drain(llm)
     watchdog.stop()
-    if offloading and mode != "reference":
+    if tiered and mode != "reference":
         from kvstate.vllm import host_tier
 
         result["tier"] = dict(host_tier.TALLY)
@@ -352,6 +324,57 @@ def _drain(llm: Any) -> bool:
 #: #52372 can leave blocks held that no later step frees, and round 2 then
 #: runs on the warm cache (the result says reset: false)
 RESET_TRIES = 100
+
+
+def _transfer_config(cfg: dict[str, Any], journaled: bool) -> Any:
+    """The run's connector: ``mooncake``, ``offloading`` (on kvstate's host
+    tier), or ``multi``: vLLM's MultiConnector holding both, observed through
+    ``install()``."""
+    from vllm.config import KVTransferConfig
+
+    connector = cfg.get("connector", "mooncake")
+    # Two ways in: the connector setting, or install() and vLLM's own name.
+    via_connector = journaled and cfg.get("via", "connector") == "connector"
+    if connector == "multi":
+        via_connector = False  # install() observes every child of the MultiConnector
+    store_extra: dict[str, Any] = {"load_async": True}
+    if via_connector:
+        store_extra["kvstate_journal_dir"] = cfg["journal_dir"]
+    module = {"kv_connector_module_path": "kvstate.vllm"} if via_connector else {}
+    store = {
+        "kv_connector": (
+            "JournaledMooncakeStoreConnector" if via_connector else "MooncakeStoreConnector"
+        ),
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": store_extra,
+        **module,
+    }
+    if connector == "mooncake":
+        return KVTransferConfig(**store)
+    # Only a release with the OffloadingConnector has what the host tier imports.
+    from kvstate.vllm import host_tier
+
+    tier_extra: dict[str, Any] = {
+        "spec_name": "HostTierSpec",
+        "spec_module_path": "kvstate.vllm.host_tier",
+        "cpu_bytes_to_use": int(cfg.get("tier_bytes", 1 << 24)),
+        host_tier.DELAY_KEY: int(cfg.get("copy_steps", 0)),
+    }
+    if via_connector:
+        tier_extra["kvstate_journal_dir"] = cfg["journal_dir"]
+    offloading = {
+        "kv_connector": "JournaledOffloadingConnector" if via_connector else "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": tier_extra,
+        **module,
+    }
+    if connector == "offloading":
+        return KVTransferConfig(**offloading)
+    return KVTransferConfig(
+        kv_connector="MultiConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"connectors": [store, offloading]},
+    )
 
 
 def _drain_and_reset(llm: Any) -> bool:
