@@ -98,7 +98,7 @@ def test_the_pinned_sdist_is_fetched_through_pip_tests_only(
     index: dict[str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     serve(index, monkeypatch, GOOD)
-    upstream._fetch(RELEASE, tmp_path / "tree")
+    upstream.fetch_tests(RELEASE, tmp_path / "tree")
     unpacked = sorted(
         str(p.relative_to(tmp_path / "tree")) for p in (tmp_path / "tree").rglob("*.py")
     )
@@ -113,7 +113,7 @@ def test_bytes_that_are_not_the_pinned_ones_are_refused(
 ) -> None:
     index["sdist"] = _sdist(GOOD)  # the real release's pin, other bytes
     with pytest.raises(upstream.UpstreamError, match=r"not the pinned .* refusing to run it"):
-        upstream._fetch(RELEASE, tmp_path / "tree")
+        upstream.fetch_tests(RELEASE, tmp_path / "tree")
     assert not (tmp_path / "tree").exists()
 
 
@@ -122,7 +122,7 @@ def test_an_sdist_without_the_scheduler_tests_is_refused_by_name(
 ) -> None:
     serve(index, monkeypatch, {"tests/__init__.py": ""})
     with pytest.raises(upstream.UpstreamError, match="holds no tests/v1/kv_connector/unit"):
-        upstream._fetch(RELEASE, tmp_path / "tree")
+        upstream.fetch_tests(RELEASE, tmp_path / "tree")
 
 
 def test_an_index_that_does_not_answer_is_a_clear_error(
@@ -130,7 +130,7 @@ def test_an_index_that_does_not_answer_is_a_clear_error(
 ) -> None:
     isolate_pip(monkeypatch, "http://127.0.0.1:9/simple/")  # a port nothing listens on
     with pytest.raises(upstream.UpstreamError, match=r"pip could not fetch vllm-0\.32\.0\.tar\.gz"):
-        upstream._fetch(RELEASE, tmp_path / "tree")
+        upstream.fetch_tests(RELEASE, tmp_path / "tree")
 
 
 def test_no_index_host_is_named_in_the_code() -> None:

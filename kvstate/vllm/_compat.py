@@ -25,6 +25,9 @@ import attrs
 from ..errors import KvstateError
 
 STORE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store"
+#: the flavor of a vLLM whose MooncakeStoreConnector is not observed, only its
+#: OffloadingConnector (an older release: see kvstate.harness.vllm_engine.history)
+OFFLOADING_ONLY = "offloading only"
 #: the releases this observer was built and tested against
 TESTED = ("0.27.1", "0.32.0")
 

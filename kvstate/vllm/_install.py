@@ -9,18 +9,20 @@ one :class:`~kvstate.vllm._process.ObservedProcess` of this process.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kvstate.vllm import _journals, _offloading
-from kvstate.vllm._compat import Connector, detect
+from kvstate.vllm._compat import OFFLOADING_ONLY, Connector, UnsupportedVLLMError, detect
 from kvstate.vllm._mooncake import SchedulerHooks, WorkerHooks
 from kvstate.vllm._process import ObservedProcess
 
 #: this process's observation (a test replaces it with a fresh one)
 process = ObservedProcess()
+_log = logging.getLogger("kvstate.vllm")
 
 
 def installed() -> Connector | None:
@@ -35,8 +37,11 @@ def install(
 
     ``fingerprint`` (default on) hashes each saved block when the save is
     requested and again when the put reads it. Idempotent: a later call
-    changes only what it names. Raises :class:`UnsupportedVLLMError` (and patches nothing)
-    when the installed vLLM lacks a hook the observer needs.
+    changes only what it names. Each connector is patched where the
+    installed vLLM has the shape observed here; one that has not is left
+    alone, with a warning naming what it lacks (it writes no journal, never
+    an incomplete one). Raises :class:`UnsupportedVLLMError` (and patches
+    nothing) when neither has.
     """
     with process.lock:
         if journal_dir is not None:
@@ -47,10 +52,19 @@ def install(
         process.unobservable.clear()
         if process.connector is not None:
             return process.connector
-        connector = detect()
-        SchedulerHooks(process, connector).patch()
-        WorkerHooks(process, connector).patch()
         offloading = _offloading.classes()
+        try:
+            connector = detect()
+        except UnsupportedVLLMError as exc:
+            if offloading is None:
+                raise
+            # An older vLLM whose MooncakeStoreConnector has another shape:
+            # its OffloadingConnector is observed alone.
+            _log.warning("kvstate.vllm: the MooncakeStoreConnector is not observed: %s", exc)
+            connector = Connector(_offloading.vllm_version(), OFFLOADING_ONLY, {})
+        else:
+            SchedulerHooks(process, connector).patch()
+            WorkerHooks(process, connector).patch()
         if offloading is not None:  # vLLM's OffloadingConnector, where this vLLM has it
             _offloading.OffloadingHooks(process, *offloading).patch()
         process.connector = connector

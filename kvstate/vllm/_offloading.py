@@ -62,6 +62,12 @@ NEEDS = (
 )
 
 
+def vllm_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
 def classes() -> tuple[Any, Any] | None:
     """vLLM's two halves of the connector, or None where this vLLM has not
     the shape observed here (then it is not patched, and writes no journal)."""
@@ -110,11 +116,9 @@ class OffloadingHooks:
 
     # -- the scheduler half ---------------------------------------------------------
 
-    def init(
-        self, original: Any, sched: Any, spec: Any, vllm_config: Any, *a: Any, **kw: Any
-    ) -> None:
-        original(sched, spec, vllm_config, *a, **kw)
-        sched.__dict__["_kvstate_config"] = vllm_config
+    def init(self, original: Any, sched: Any, spec: Any, *a: Any, **kw: Any) -> None:
+        original(sched, spec, *a, **kw)
+        sched.__dict__["_kvstate_config"] = _config(spec, a, kw)
         sched.__dict__["_kvstate_tap"] = ManagerTap.attach(sched)
 
     def _observer(self, sched: Any) -> OffloadingSchedulerObserver | None:
@@ -122,7 +126,9 @@ class OffloadingHooks:
 
     def _new_scheduler(self, sched: Any) -> OffloadingSchedulerObserver:
         config = sched.__dict__.get("_kvstate_config")
-        block_size = int(sched.config.kv_group_configs[0].tokens_per_block)
+        group = sched.config.kv_group_configs[0]
+        # vLLM 0.32 names it tokens_per_block; 0.23 and 0.24 gpu_block_size
+        block_size = int(getattr(group, "tokens_per_block", None) or group.gpu_block_size)
         world = int(sched.config.num_workers)
         recorder = self.process.open(config, "scheduler", block_size, world, tier.OFFLOADING)
         observer = OffloadingSchedulerObserver(
@@ -136,14 +142,29 @@ class OffloadingHooks:
     def after_alloc(self, original: Any, sched: Any, *a: Any, **kw: Any) -> Any:
         # Passed on exactly as called: vLLM's tests name the arguments.
         before = sched._job_counter
-        result = original(sched, *a, **kw)
+        try:
+            result = original(sched, *a, **kw)
+        except BaseException:
+            # vLLM's own check refused the load it had just made (the
+            # assertion of vLLM #46014): the load is journaled before vLLM's
+            # error goes on, so the journal shows the decision that crashed.
+            if sched._job_counter != before:
+                self._load_issued(sched, a, kw, before, refused=True)
+            raise
         if sched._job_counter != before:  # a load job was issued
-            request = a[0] if a else kw.get("request")
-            blocks = a[1] if len(a) > 1 else kw.get("blocks")
-            observer = self._observer(sched)
-            if observer is not None:
-                self.process.observe(observer.load_issued, sched, request, blocks, before)
+            self._load_issued(sched, a, kw, before, refused=False)
         return result
+
+    def _load_issued(
+        self, sched: Any, a: tuple[Any, ...], kw: dict[str, Any], job: int, *, refused: bool
+    ) -> None:
+        request = a[0] if a else kw.get("request")
+        blocks = a[1] if len(a) > 1 else kw.get("blocks")
+        observer = self._observer(sched)
+        if observer is not None:
+            self.process.observe(observer.load_issued, sched, request, blocks, job)
+            if refused:
+                self.process.observe(observer.load_refused, sched, job)
 
     def build_connector_meta(self, original: Any, sched: Any, scheduler_output: Any) -> Any:
         meta = original(sched, scheduler_output)
@@ -214,11 +235,9 @@ class OffloadingHooks:
 
     # -- the worker half ------------------------------------------------------------
 
-    def worker_init(
-        self, original: Any, worker: Any, spec: Any, vllm_config: Any, *a: Any, **kw: Any
-    ) -> None:
-        original(worker, spec, vllm_config, *a, **kw)
-        worker.__dict__["_kvstate_config"] = vllm_config
+    def worker_init(self, original: Any, worker: Any, spec: Any, *a: Any, **kw: Any) -> None:
+        original(worker, spec, *a, **kw)
+        worker.__dict__["_kvstate_config"] = _config(spec, a, kw)
 
     def _worker(self, worker: Any) -> OffloadingWorkerObserver | None:
         return self.process.rank(worker, self._new_worker)
@@ -229,7 +248,10 @@ class OffloadingHooks:
         rank = int(getattr(parallel, "rank", 0) or 0)
         # The spec's, as the scheduler half's (its groups' GPU block sizes):
         # vLLM's tests give the cache config another block size.
-        sizes = tuple(getattr(worker.spec, "tokens_per_block", ()) or (16,))
+        spec = worker.spec
+        sizes = tuple(
+            getattr(spec, "tokens_per_block", None) or getattr(spec, "gpu_block_size", ()) or (16,)
+        )
         world = int(getattr(parallel, "world_size", 0) or _world_size(config))
         recorder = self.process.open(
             config, f"worker-{rank}", int(sizes[0]), world, tier.OFFLOADING
@@ -278,6 +300,14 @@ class OffloadingHooks:
             return original(worker, *a, **kw)
         finally:
             self.process.observe(observer.after_call, worker, before, None, True)
+
+
+def _config(spec: Any, a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    """The vLLM config a half of the connector was built with: its second
+    argument in vLLM 0.32, its spec's in 0.23 and 0.24 (which take the spec alone)."""
+    if a:
+        return a[0]
+    return kw.get("vllm_config", getattr(spec, "vllm_config", None))
 
 
 def _run_of(observer: Any) -> Any:

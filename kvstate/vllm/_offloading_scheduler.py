@@ -23,6 +23,15 @@ def _ids(spec: Any) -> tuple[int, ...]:
     return tuple(int(b) for b in getattr(spec, "block_ids", ()))
 
 
+def specs(transfer: Any) -> tuple[Any, Any]:
+    """A transfer job's (source, destination) specs: two fields in vLLM 0.32,
+    one ``transfer_spec`` pair in 0.23 and 0.24."""
+    if hasattr(transfer, "src_spec"):
+        return transfer.src_spec, transfer.dst_spec
+    src, dst = transfer.transfer_spec
+    return src, dst
+
+
 class ManagerTap:
     """What the scheduler's tier manager's ``prepare_*`` decided, kept for the journal.
 
@@ -124,6 +133,17 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         table = _table(blocks.get_block_ids())
         self.loads[job] = (request.request_id, table, local, request.num_prompt_tokens, keys)
 
+    def load_refused(self, sched: Any, job: int) -> None:
+        """vLLM raised in ``update_state_after_alloc`` right after it made load
+        ``job``: the step it belonged to is never built, so the load is
+        journaled now, with the admission or resume that goes with it."""
+        transfer = sched._current_batch_load_jobs.get(job)
+        if transfer is None:
+            return
+        self.step += 1
+        self._load(job, transfer)
+        self.commit()
+
     def after_build(self, sched: Any, out: Any, meta: Any, before: dict[str, Any]) -> None:
         if self.shapes is not None:
             self.shapes.check_output(out)  # before anything of it is journaled
@@ -202,7 +222,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
                 job=job,
                 req=req,
                 gen=gen,
-                writes=_ids(transfer.dst_spec),
+                writes=_ids(specs(transfer)[1]),
                 keys=tuple(keys),
                 world_size=self.world_size,
             )
@@ -223,7 +243,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
                 gen=gen,
                 token_start=0,
                 token_end=0,
-                reads=_ids(transfer.src_spec),
+                reads=_ids(specs(transfer)[0]),
                 pins=(),
                 keys=keys,
                 world_size=self.world_size,

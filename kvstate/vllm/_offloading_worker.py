@@ -63,8 +63,8 @@ class OffloadingWorkerObserver:
         popped = sorted(j for j in flush if j in meta.store_jobs) if flush else []
         if popped:
             self.receive(popped)
-        if worker._is_store_writer:
-            queued = [job for job, _, _ in worker._unsubmitted_store_jobs]
+        if getattr(worker, "_is_store_writer", True):  # vLLM 0.32; every rank before
+            queued = [entry[0] for entry in worker._unsubmitted_store_jobs]
             if queued or popped:
                 self.start(queued + popped)
         return before
@@ -72,7 +72,7 @@ class OffloadingWorkerObserver:
     def before_transfers(self, worker: Any, meta: Any) -> None:
         """``start_kv_transfers``: this step's loads, and the queued stores, start."""
         self.saw(meta)
-        queued = [job for job, _, _ in worker._unsubmitted_store_jobs]
+        queued = [entry[0] for entry in worker._unsubmitted_store_jobs]
         if meta.load_jobs:
             loads = sorted(meta.load_jobs)
             self.loads_received(meta)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvstate import events as ev
+from kvstate.vllm._offloading_scheduler import specs
 
 #: one block of a job: (key, device block, tier chunk, the block's place in the chunk)
 Row = tuple[str, int, int, int]
@@ -62,13 +63,14 @@ class TierAudit:
     def store_due(self, job: int, transfer: Any, keys: tuple[str, ...]) -> None:
         if job in self.requested:
             return
-        rows = layout(transfer.src_spec, transfer.dst_spec, keys, self.per)
+        rows = layout(*specs(transfer), keys, self.per)
         if rows is not None:
             digest = self.tier.device_digest
             self.requested[job] = [(row, digest(row[1])) for row in rows]
 
     def load_received(self, job: int, transfer: Any, req: str, gen: int, keys: Any) -> None:
-        rows = layout(transfer.dst_spec, transfer.src_spec, tuple(keys), self.per)
+        src, dst = specs(transfer)
+        rows = layout(dst, src, tuple(keys), self.per)
         if rows is not None:
             self.loads[job] = (req, gen, rows)
 

