@@ -12,6 +12,14 @@ On 0.23.0 the journal shows the load enqueued beside the live store
 (LOAD_STORE_OVERLAP at that ``load_enqueued``) and then vLLM's own
 assertion (CRASH); on 0.24.0 the request waits for the acknowledgement,
 loads, finishes, and the journal replays clean with ``--require-idle``.
+
+For vLLM #52211 (the store cursor not rewound when a preempted request's
+block ids are cleared; the PR was closed unmerged, so 0.32.0, the newest
+release, still has it): vLLM's own tier manager in place of the harness's
+mock, a request whose chunks another request's stores evict while it is
+preempted, resumed with nothing to load. As released, its first store
+after the resume starts past the chunks it computed again
+(STORE_CURSOR_PAST_TABLE); with the PR's rewind it stores them, clean.
 Marked ``vllm``.
 """
 
@@ -38,10 +46,10 @@ def _run(tmp: Path, case: str, release: str) -> tuple[dict, ReplayResult, list]:
 
 @pytest.mark.vllm
 def test_load_under_store_before_and_after_vllm_46014(tmp_path: Path) -> None:
-    fix, before, after = history.ROWS["load-under-store"]
-    assert (fix, before, after) == ("vLLM #46014", "0.23.0", "0.24.0")
+    (case, before), (_, after) = history.ROWS["46014"]
+    assert (before, after) == ("0.23.0", "0.24.0")  # read from the wheels
 
-    result, flagged, records = _run(tmp_path, "load-under-store", before)
+    result, flagged, records = _run(tmp_path, case, before)
     assert "assert not req_status.transfer_jobs" in result["error"]
     codes = [v.code.value for v in flagged.violations]
     assert codes == ["LOAD_STORE_OVERLAP", "CRASH"], flagged.violations
@@ -51,10 +59,36 @@ def test_load_under_store_before_and_after_vllm_46014(tmp_path: Path) -> None:
     assert [kinds[s] for s in first.chain] == ["job_enqueued"]  # the store still in flight
     assert "request_resumed" in [kinds[s] for s in kinds if s < first.seq]  # its re-admission
 
-    result, fixed, records = _run(tmp_path, "load-under-store", after)
+    result, fixed, records = _run(tmp_path, case, after)
     assert result["error"] is None
     assert fixed.violations == [] and fixed.exit_status == 0, fixed.violations
     kinds_after = [e.event.kind for e in records]
     # the same story, the load after the store's acknowledgement
     assert kinds_after.index("pins_released") < kinds_after.index("load_enqueued")
     assert kinds_after[-1] == "engine_idle"
+
+
+@pytest.mark.vllm
+def test_the_stale_store_cursor_of_vllm_52211_in_vllm_0_32_0(tmp_path: Path) -> None:
+    (stale, release), (rewound, same) = history.ROWS["52211"]
+    assert release == same == "0.32.0"
+
+    result, flagged, records = _run(tmp_path, stale, release)
+    assert result["error"] is None  # nothing crashes: the loss is silent
+    assert [v.code.value for v in flagged.violations] == ["STORE_CURSOR_PAST_TABLE"]
+    v = flagged.violations[0]
+    events = {e.seq: e.event for e in records}
+    store = events[v.seq]
+    assert store.kind == "job_enqueued" and (v.req, v.gen) == (store.req, 1)
+    assert store.parent == v.key
+    # the chunk before it: stored by the first incarnation, then evicted
+    assert any(e.kind == "tier_stored" and v.key in e.keys for e in events.values())
+    assert events[v.chain[0]].kind == "tier_evicted"
+    assert v.key in events[v.chain[0]].keys
+    assert events[v.chain[1]].kind == "request_resumed"
+
+    result, fixed, records = _run(tmp_path, rewound, release)
+    assert fixed.violations == [] and fixed.exit_status == 0, fixed.violations
+    resumed = next(e.seq for e in records if e.event.kind == "request_resumed")
+    first = next(e.event for e in records if e.seq > resumed and e.event.kind == "job_enqueued")
+    assert first.parent is None  # the rewound cursor stores from the first chunk

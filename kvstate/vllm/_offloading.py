@@ -33,7 +33,7 @@ import importlib
 from typing import Any
 
 from kvstate import tier_events as tier
-from kvstate.vllm._offloading_scheduler import ManagerTap, OffloadingSchedulerObserver
+from kvstate.vllm._offloading_scheduler import OffloadingSchedulerObserver, tap_of
 from kvstate.vllm._offloading_worker import OffloadingWorkerObserver
 from kvstate.vllm._process import ObservedProcess, _world_size
 from kvstate.vllm._shapes import Shapes
@@ -119,7 +119,7 @@ class OffloadingHooks:
     def init(self, original: Any, sched: Any, spec: Any, *a: Any, **kw: Any) -> None:
         original(sched, spec, *a, **kw)
         sched.__dict__["_kvstate_config"] = _config(spec, a, kw)
-        sched.__dict__["_kvstate_tap"] = ManagerTap.attach(sched)
+        tap_of(sched)  # the manager tapped before vLLM's first call
 
     def _observer(self, sched: Any) -> OffloadingSchedulerObserver | None:
         return self.process.scheduler(sched, self._new_scheduler)  # type: ignore[return-value]
@@ -167,6 +167,7 @@ class OffloadingHooks:
                 self.process.observe(observer.load_refused, sched, job)
 
     def build_connector_meta(self, original: Any, sched: Any, scheduler_output: Any) -> Any:
+        tap_of(sched)  # a manager swapped in since the last step is tapped before vLLM uses it
         meta = original(sched, scheduler_output)
         observer = self._observer(sched)
         if observer is not None:

@@ -45,6 +45,7 @@ class ManagerTap:
 
     def __init__(self, manager: Any, sched: Any) -> None:
         self._sched = sched
+        self.manager = manager
         self._prepare_store = manager.prepare_store
         self._prepare_load = manager.prepare_load
         #: (the next job id when it ran, keys to store, keys evicted, the first
@@ -100,7 +101,15 @@ def _parent(status: Any, first: Any) -> str | None:
 
 
 def tap_of(sched: Any) -> ManagerTap | None:
-    tap: ManagerTap | None = sched.__dict__.get("_kvstate_tap")
+    """The tap on the manager ``sched`` holds now: a manager put in place after
+    the connector was built (a test swapping its mock for vLLM's real one) is
+    tapped when first seen."""
+    state = sched.__dict__
+    manager = getattr(sched, "manager", None)
+    if state.get("_kvstate_tapped") is not manager:
+        state["_kvstate_tap"] = ManagerTap.attach(sched)
+        state["_kvstate_tapped"] = manager
+    tap: ManagerTap | None = state.get("_kvstate_tap")
     return tap
 
 

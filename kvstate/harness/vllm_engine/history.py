@@ -42,8 +42,13 @@ WHEELS = {
 }
 #: what those releases import that 0.32.0's venv lacks (pure Python), pinned
 EXTRA = {"gguf==0.19.0": "70bcd10edfe697fb2dad6e40af2234b9d8ece9a41a99761405121ebda1c3c1cd"}
-#: case -> (the upstream fix, the last release without it, the first with it)
-ROWS = {"load-under-store": ("vLLM #46014", "0.23.0", "0.24.0")}
+#: the upstream fix -> ((case, release) without it, (case, release) with it):
+#: the last release before the fix and the first after, where one exists;
+#: vLLM #52211 was never merged, so its "with" is 0.32.0 with the PR's change
+ROWS = {
+    "46014": (("load-under-store", "0.23.0"), ("load-under-store", "0.24.0")),
+    "52211": (("stale-store-cursor", "0.32.0"), ("rewound-store-cursor", "0.32.0")),
+}
 MARKER = ".kvstate-history"
 #: what the cases need of the release's source distribution
 TESTS = f"{upstream.UNIT}/offloading_connector"
@@ -110,14 +115,19 @@ def run_case(root: Path, release: str, case: str, journals: Path) -> dict[str, A
     """
     if journals.exists():
         raise HistoryError(f"{journals} already exists: journals go into a new folder")
-    site, tree = overlay(root, release), tests(root, release)
+    if release == BASE:  # the venv's own vLLM, and the tests already fetched for it
+        tree = upstream.ensure(root, BASE)
+        path = [str(tree)]
+    else:
+        tree = tests(root, release)
+        path = [str(overlay(root, release)), str(tree)]
     python = venvs.python_of(venvs.venv_path(root, BASE))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         env = {
             **os.environ,
             # the release's vLLM ahead of the venv's; its tests importable as `tests`
-            "PYTHONPATH": os.pathsep.join([str(site), str(tree)]),
+            "PYTHONPATH": os.pathsep.join(path),
             "HF_HOME": str(upstream.model_cache(tree)),
             "HF_HUB_OFFLINE": "1",
         }
@@ -136,10 +146,11 @@ def run_case(root: Path, release: str, case: str, journals: Path) -> dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvstate.harness.vllm_engine.history [CASE ...] [--out DIR]``.
+    """``python -m kvstate.harness.vllm_engine.history [FIX ...] [--out DIR]``.
 
-    Each case (all by default) on the release before its fix and the one
-    after; prints where the journals are, and the command that judges them.
+    Each fix's row (vLLM PR or issue numbers, all by default): its case
+    without the fix and with it; prints where the journals are, and the
+    command that judges them.
     """
     args = sys.argv[1:] if argv is None else list(argv)
     out = Path("vllm-history")
@@ -147,13 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         at = args.index("--out")
         out, args = Path(args[at + 1]), args[:at] + args[at + 2 :]
     root = Path(__file__).resolve().parents[3]
-    unknown = [c for c in args if c not in ROWS]
+    unknown = [f for f in args if f not in ROWS]
     if unknown:
-        print(f"no case {', '.join(unknown)} (known: {', '.join(ROWS)})", file=sys.stderr)
+        print(f"no row for {', '.join(unknown)} (known: {', '.join(ROWS)})", file=sys.stderr)
         return 2
-    for case in args or list(ROWS):
-        fix, before, after = ROWS[case]
-        for release in (before, after):
+    for fix in args or list(ROWS):
+        for case, release in ROWS[fix]:
             journals = out / f"{case}-{release}"
             try:
                 result = run_case(root, release, case, journals)
@@ -161,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{case} on vLLM {release}: {exc}", file=sys.stderr)
                 return 1
             ended = result["error"] or "no error"
-            print(f"{fix} {case} on vLLM {release}: {ended}; kvstate replay {journals}")
+            print(f"vLLM #{fix}: {case} on {release}: {ended}; kvstate replay {journals}")
     return 0
 
 

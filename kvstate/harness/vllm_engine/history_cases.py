@@ -113,7 +113,72 @@ def load_under_store() -> None:
     engine.settle()
 
 
-CASES: dict[str, Callable[[], None]] = {"load-under-store": load_under_store}
+def stale_store_cursor() -> None:
+    """vLLM #52211 (unmerged): a preempted request's block ids are cleared, its
+    store cursor is not.
+
+    The tier is vLLM's own (``CPUOffloadingManager``, least recently used
+    first, eight chunks) in place of the harness's mock. Request A stores
+    five chunks (its prompt's four, then one of its output); request B's
+    eight evict them; B is aborted, A preempted. A resumes with nothing to
+    load and nothing in the engine's prefix cache, computes its five chunks
+    again and a sixth: the store of the sixth starts where its old table
+    ended, behind the five chunks the tier lost.
+    """
+    from tests.v1.kv_connector.unit.offloading_connector.utils import RequestRunner
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+    from vllm.v1.request import RequestStatus
+
+    runner = RequestRunner(block_size=BLOCK_SIZE, num_gpu_blocks=100, async_scheduling=True)
+    runner.connector_scheduler.manager = CPUOffloadingManager(num_chunks=8)
+    pool = runner.scheduler.kv_cache_manager.block_pool.free_block_queue
+    empty = pool.num_free_blocks
+    engine = Engine(runner)
+    runner.new_request(token_ids=[1] * BLOCK_SIZE * 4)  # A
+    for _ in range(BLOCK_SIZE + 2):  # its prompt's chunks stored, then one of its output
+        engine.step(complete=True)
+    runner.new_request(token_ids=[2] * BLOCK_SIZE * 8)  # B: its chunks evict A's
+    engine.step(complete=True)
+    engine.step(complete=True)
+    runner.scheduler.finish_requests(str(runner.req_id), RequestStatus.FINISHED_ABORTED)
+    for _ in range(2 * BLOCK_SIZE):  # decode until a step needs a block: A is preempted
+        pool.num_free_blocks = 0  # the pool is dry (B's blocks come back as freed)
+        if engine.step(complete=True).preempted_req_ids:
+            break
+    else:
+        raise RuntimeError("the request was never preempted")
+    pool.num_free_blocks = empty
+    if not runner.scheduler.reset_prefix_cache():  # A computes its chunks again
+        raise RuntimeError("the engine's prefix cache could not be reset")
+    for _ in range(2 * BLOCK_SIZE):  # and a chunk more
+        engine.step(complete=True)
+    engine.settle()
+
+
+def rewound_store_cursor() -> None:
+    """:func:`stale_store_cursor` with the change vLLM PR #52211 proposed: the
+    store cursor rewound where the request's block ids are cleared (here as
+    it is looked up again on its re-admission; no release has the change)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler
+
+    cls = scheduler.OffloadingConnectorScheduler
+    lookup = cls.get_num_new_matched_tokens
+
+    def get_num_new_matched_tokens(self: Any, request: Any, *a: Any, **kw: Any) -> Any:
+        status = self._req_status.get(request.request_id)
+        for group in getattr(status, "group_states", ()):
+            group.next_stored_chunk_idx = 0
+        return lookup(self, request, *a, **kw)
+
+    cls.get_num_new_matched_tokens = get_num_new_matched_tokens
+    stale_store_cursor()
+
+
+CASES: dict[str, Callable[[], None]] = {
+    "load-under-store": load_under_store,
+    "stale-store-cursor": stale_store_cursor,
+    "rewound-store-cursor": rewound_store_cursor,
+}
 
 
 def _cpu_platform_as_vllms_ci() -> None:
