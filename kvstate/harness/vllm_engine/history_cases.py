@@ -92,7 +92,7 @@ def load_under_store() -> None:
     )
 
     runner = RequestRunner(block_size=BLOCK_SIZE, num_gpu_blocks=100, async_scheduling=True)
-    runner.manager.prepare_store.side_effect = lambda keys, ctx: generate_store_output(keys)
+    runner.manager.prepare_store.side_effect = lambda keys, _context: generate_store_output(keys)
     runner.new_request(token_ids=[0] * BLOCK_SIZE * 3)
     engine = Engine(runner)
     engine.step()  # the prefill: a store of its three blocks
