@@ -180,10 +180,12 @@ class OffloadingHooks:
         observer = self._observer(sched) if completed else None
         if observer is None:
             return original(sched, connector_output)
-        partial = self._partial_world(observer)
-        if partial is not None:
-            self.process.observe(stand_down, observer, partial)
-            return original(sched, connector_output)
+        if not observer.world_checked:  # once: the world is the engine's for its life
+            observer.world_checked = True
+            partial = self._partial_world(observer)
+            if partial is not None:
+                self.process.observe(stand_down, observer, partial)
+                return original(sched, connector_output)
         jobs = sched._jobs
         kinds = {job: jobs[job].is_store for job in completed if job in jobs}
         result = original(sched, connector_output)

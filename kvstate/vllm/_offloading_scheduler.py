@@ -122,6 +122,8 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         super().__init__(recorder, block_size=block_size, world_size=world_size, numbering=False)
         #: vLLM's classes, to stand down on a test's hand-built scheduler output
         self.shapes = shapes
+        #: the ranks beside it were compared with its world (at its first completions)
+        self.world_checked = False
         #: load job -> (req, the request's table, its locally cached tokens, prompt
         #: tokens, tier keys), from ``update_state_after_alloc``
         self.loads: dict[int, tuple[str, list[int], int, int, list[str]]] = {}
