@@ -13,8 +13,9 @@ Journaled through ``install()``, the run replays clean with
 ``--require-idle``; with vLLM's flushes dropped, as before vLLM #29870, the
 same run is flagged ``UNFLUSHED_REUSE`` and its wrong output traced to a
 ``WRONG_KV_LOADED``. ``kvstate vllm-demo --connector offloading`` does both
-through the other door, the connector setting. Marked
-``vllm``: it runs in ``.venv-vllm-0.32.0``.
+through the other door, the connector setting. vLLM's MultiConnector
+holding both connectors writes a journal per connector, each judged on its
+own. Marked ``vllm``: it runs in ``.venv-vllm-0.32.0``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kvstate.harness.live.master import MooncakeMaster
 from kvstate.harness.vllm_engine import venvs
-from kvstate.harness.vllm_engine.runs import run_engine
+from kvstate.harness.vllm_engine.runs import run_engine, store_env
 from replay.cli.harness._vllm_runs import traces, wrong_outputs
+from replay.runs import group
 from replay.verdict import ReplayResult, replay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,31 +47,37 @@ WORKLOAD = {
     "max_tokens": 48,
     "watchdog": 300.0,
 }
-TIER = {"connector": "offloading", "copy_steps": 40, "tier_bytes": 1 << 21}
+TIER: dict[str, Any] = {"connector": "offloading", "copy_steps": 40, "tier_bytes": 1 << 21}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def _engines(
+    work: Path, plan: list[tuple[str, dict[str, Any]]], env: dict[str, str]
+) -> dict[str, dict]:
+    """Each (name, settings) of ``plan`` run on the workload, in order; their results."""
     venv = venvs.venv_path(ROOT, RELEASE)
     if not venvs.is_ready(venv, RELEASE):
         pytest.fail(f"{venv} is not set up: run `make vllm-venvs`")
-    work = tmp_path_factory.mktemp("offloading")
     python = venvs.python_of(venv)
-    env = {k: v for k, v in os.environ.items() if k != "MOONCAKE_CONFIG_PATH"}
-    model = str(work / "model")
     out = {}
-    for name, extra in [
-        ("reference", {"mode": "reference"}),
-        ("offloading", {"mode": "plain", **TIER}),
-        ("install", {"mode": "journal", "via": "install", **TIER}),
-        ("no-flush", {"mode": "journal", "via": "install", "flushes": False, **TIER}),
-    ]:
-        config = {**WORKLOAD, **extra, "model": model}
+    for name, extra in plan:
+        config = {**WORKLOAD, **extra, "model": str(work / "model")}
         if extra["mode"] == "journal":
             config["journal_dir"] = str(work / name)
         out[name] = run_engine(python, config, work, name, env, stall_s=600.0)
         out[name]["journal_dir"] = config.get("journal_dir")
     return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    env = {k: v for k, v in os.environ.items() if k != "MOONCAKE_CONFIG_PATH"}
+    plan: list[tuple[str, dict[str, Any]]] = [
+        ("reference", {"mode": "reference"}),
+        ("offloading", {"mode": "plain", **TIER}),
+        ("install", {"mode": "journal", "via": "install", **TIER}),
+        ("no-flush", {"mode": "journal", "via": "install", "flushes": False, **TIER}),
+    ]
+    return _engines(tmp_path_factory.mktemp("offloading"), plan, env)
 
 
 def _tokens(result: dict, round_: str) -> dict[str, list[int]]:
@@ -166,3 +176,50 @@ def test_the_offloading_demo_flags_the_dropped_flushes_and_passes_the_released_c
     assert released.violations == [] and released.exit_status == 0
     dropped = replay([str(out / "offloading-no-flush.db")])
     assert "UNFLUSHED_REUSE" in {v.code.value for v in dropped.violations}
+
+
+# -- vLLM's MultiConnector: both connectors in one engine ------------------------------------
+
+MULTI: dict[str, Any] = {"connector": "multi", "copy_steps": 40, "tier_bytes": 1 << 21}
+
+
+@pytest.fixture(scope="module")
+def multi_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """vLLM's MultiConnector with the MooncakeStoreConnector (against a local
+    Mooncake master started here) and the OffloadingConnector (on kvstate's
+    host tier), observed through ``install()``."""
+    work = tmp_path_factory.mktemp("multi")
+    with MooncakeMaster() as address:
+        env = {**os.environ, **store_env(address, work / "mooncake.json")}
+        plan: list[tuple[str, dict[str, Any]]] = [
+            ("reference", {"mode": "reference"}),
+            ("multi", {"mode": "journal", "via": "install", **MULTI}),
+        ]
+        return _engines(work, plan, env)
+
+
+@pytest.mark.vllm
+def test_each_connector_of_a_multiconnector_is_journaled_and_judged_on_its_own(
+    multi_runs: dict[str, dict],
+) -> None:
+    """Each connector writes its own journals in its own run (the offloading
+    one's run name ends in ``-offloading``), and replay judges each: both
+    clean with ``--require-idle``, both with jobs, every output the reference's."""
+    run = multi_runs["multi"]
+    assert "watchdog" not in run, run.get("watchdog")
+    reference = {i: o["tokens"] for i, o in multi_runs["reference"]["round1"].items()}
+    for round_ in ("round1", "round2"):
+        assert {i: o["tokens"] for i, o in run[round_].items()} == reference, round_
+    assert run["tier"].get("stores", 0) > 0  # the offloading child did its work
+    journals = group([run["journal_dir"]])
+    names = {r: sorted(Path(p).name.split("-")[0] for p in paths) for r, paths in journals.items()}
+    assert len(journals) == 2, names
+    offloading = [r for r in journals if r.endswith("-offloading")]
+    assert len(offloading) == 1, names
+    for run_name, paths in journals.items():
+        result = replay(paths, require_idle=True)
+        assert result.violations == [] and result.exit_status == 0, (run_name, result.violations)
+        assert result.ledger.jobs, run_name  # each connector journaled its jobs
+        header = result.ledger.header
+        assert header is not None
+        assert (header.protocol == "offloading") == (run_name in offloading)
