@@ -23,11 +23,12 @@ leaf: it imports no ledger.
 - ``STORE_CURSOR_PAST_TABLE`` (vLLM #52211, under the protocol only): a
   resumed request's table starts empty, and so must the connector's store
   cursor: its first store begins where what it loaded ends, or at a chunk
-  the tier still holds. A store whose ``parent`` (the tier key of the chunk
-  before its first) this incarnation neither loaded nor stored, and the
-  tier no longer holds, was built from a cursor left where the last
-  incarnation's table ended: the chunks between are never stored again, and
-  no prefix lookup crosses that hole to the keys this store writes.
+  the tier still holds or a live store is writing. A store whose ``parent``
+  (the tier key of the chunk before its first) this incarnation neither
+  loaded nor stored, and that the tier neither holds nor is getting, was
+  built from a cursor left where the last incarnation's table ended: the
+  chunks between are never stored again, and no prefix lookup crosses that
+  hole to the keys this store writes.
 
 A finish-time store: the connector builds a finished request's last stores
 at the next step, after vLLM freed its blocks, and fences them by the flush

@@ -93,13 +93,18 @@ def _has(modules: dict[str, Any], module: str, cls: str, attr: str) -> bool:
     return code is not None and attr in code.co_names
 
 
-def detect() -> Connector:
-    """The installed connector, or :class:`UnsupportedVLLMError` naming what is missing."""
+def vllm_version() -> str:
+    """The installed vLLM's version, or :class:`UnsupportedVLLMError` where there is none."""
     try:
         import vllm
     except ImportError as exc:
         raise UnsupportedVLLMError(f"vLLM is not installed here ({exc})") from exc
-    version = str(getattr(vllm, "__version__", "unknown"))
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def detect() -> Connector:
+    """The installed connector, or :class:`UnsupportedVLLMError` naming what is missing."""
+    version = vllm_version()
     modules: dict[str, Any] = {}
     for name in ("connector", "scheduler", "worker", "data"):
         try:

@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from kvstate.vllm import _journals, _offloading
-from kvstate.vllm._compat import OFFLOADING_ONLY, Connector, UnsupportedVLLMError, detect
+from kvstate.vllm._compat import (
+    OFFLOADING_ONLY,
+    Connector,
+    UnsupportedVLLMError,
+    detect,
+    vllm_version,
+)
 from kvstate.vllm._mooncake import SchedulerHooks, WorkerHooks
 from kvstate.vllm._process import ObservedProcess
 
@@ -61,7 +67,7 @@ def install(
             # An older vLLM whose MooncakeStoreConnector has another shape:
             # its OffloadingConnector is observed alone.
             _log.warning("kvstate.vllm: the MooncakeStoreConnector is not observed: %s", exc)
-            connector = Connector(_offloading.vllm_version(), OFFLOADING_ONLY, {})
+            connector = Connector(vllm_version(), OFFLOADING_ONLY, {})
         else:
             SchedulerHooks(process, connector).patch()
             WorkerHooks(process, connector).patch()

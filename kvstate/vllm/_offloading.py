@@ -62,12 +62,6 @@ NEEDS = (
 )
 
 
-def vllm_version() -> str:
-    import vllm
-
-    return str(getattr(vllm, "__version__", "unknown"))
-
-
 def classes() -> tuple[Any, Any] | None:
     """vLLM's two halves of the connector, or None where this vLLM has not
     the shape observed here (then it is not patched, and writes no journal)."""
