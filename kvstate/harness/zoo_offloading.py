@@ -301,7 +301,7 @@ def per_request_completion(s: OffloadStage) -> None:
     second = s.store("r1", 2, 3)  # A.0 and A.1 are being stored already
     s.step()
     s.complete(first)
-    if s.legacy:  # before vLLM #39186 the ack names r1, and ends each of r1's stores
+    if s.legacy:  # #39186's draft: the ack names r1, and ends each of r1's stores
         s.complete(second)
     load = s.admit("r2", 3, prompt="A", load=3 if s.legacy else 2)  # the tier's prefix
     if load is not None:

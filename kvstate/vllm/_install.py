@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvstate.vllm import _journals, _offloading
+from kvstate.vllm import _journals, _offloading, _per_request
 from kvstate.vllm._compat import (
     OFFLOADING_ONLY,
     Connector,
@@ -59,10 +59,13 @@ def install(
         if process.connector is not None:
             return process.connector
         offloading = _offloading.classes()
+        # Before per-job completion (vLLM #39186, 0.21.0) the connector names
+        # its transfers by request: observed through a per-job view.
+        per_request = None if offloading else _per_request.classes()
         try:
             connector = detect()
         except UnsupportedVLLMError as exc:
-            if offloading is None:
+            if offloading is None and per_request is None:
                 raise
             # An older vLLM whose MooncakeStoreConnector has another shape:
             # its OffloadingConnector is observed alone.
@@ -73,6 +76,8 @@ def install(
             WorkerHooks(process, connector).patch()
         if offloading is not None:  # vLLM's OffloadingConnector, where this vLLM has it
             _offloading.OffloadingHooks(process, *offloading).patch()
+        elif per_request is not None:
+            _per_request.PerRequestHooks(process, *per_request).patch()
         process.connector = connector
         atexit.register(_close_at_exit)
         return connector

@@ -141,7 +141,11 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         keys = list(tap.last_load) if tap is not None else []
         status = sched._req_status.get(request.request_id)
         local = getattr(status, "num_locally_computed_tokens", 0) if status else 0
-        table = _table(blocks.get_block_ids())
+        self.issued(job, request, _table(blocks.get_block_ids()), local, keys)
+
+    def issued(self, job: int, request: Any, table: list[int], local: int, keys: list[str]) -> None:
+        """Load ``job`` of ``request`` into ``table``, after ``local`` tokens the
+        engine's own prefix cache held: journaled with the step that carries it."""
         self.loads[job] = (request.request_id, table, local, request.num_prompt_tokens, keys)
 
     def load_refused(self, sched: Any, job: int) -> None:
@@ -161,7 +165,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         self.step += 1
         flush = set(meta.jobs_to_flush or ())
         self._flush_first = tuple(sorted(j for j in flush if j in self.keys))
-        status = sched._req_status
+        status = getattr(sched, "_req_status", {})  # per-job releases (0.21 on)
 
         def local(req: str, computed: int) -> int:
             state = status.get(req)

