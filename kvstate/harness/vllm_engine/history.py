@@ -39,6 +39,8 @@ BASE = "0.32.0"
 WHEELS = {
     "0.13.0": "53df3ee5df970c84bedd8920a0b309876b1cdac15448bbc3e97ac6297c61438a",
     "0.14.0": "a63776d80d26127c1a1451915ee15386d87650bc7ac12bbd5408caf58d552ebd",
+    "0.20.0": "8b554cec41298dd7c8ba8a2e5be4b5e97846d50a2357ff16b79d723d3b65c059",
+    "0.21.0": "b3517d55b9a18d984d24e946fef5fc07410e27e96508343433de188904e0c428",
     "0.23.0": "eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7",
     "0.24.0": "032179e3818c66e80f896e98fc044ae4b98dc6e87c696f516d64d34000b6676d",
 }
@@ -52,6 +54,7 @@ EXTRA = {
 #: vLLM #52211 was never merged, so its "with" is 0.32.0 with the PR's change
 ROWS = {
     "29870": (("unflushed-preemption", "0.13.0"), ("unflushed-preemption", "0.14.0")),
+    "39186": (("acknowledged-after-resume", "0.20.0"), ("acknowledged-after-resume", "0.21.0")),
     "46014": (("load-under-store", "0.23.0"), ("load-under-store", "0.24.0")),
     "52211": (("stale-store-cursor", "0.32.0"), ("rewound-store-cursor", "0.32.0")),
 }

@@ -35,9 +35,6 @@ class Engine:
 
     def step(self, token: int = 0, *, complete: bool = False) -> Any:
         from tests.v1.kv_connector.unit.utils import create_model_runner_output
-        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
-            OffloadingWorkerMetadata,
-        )
 
         r = self.runner
         out = r.scheduler.schedule()
@@ -50,14 +47,15 @@ class Engine:
             r.offloading_spec.complete_transfers()
         worker.wait_for_save()
         sending, receiving = worker.get_finished(out.finished_req_ids)
-        done = worker.build_connector_worker_meta() or OffloadingWorkerMetadata()
+        # per-job completions from 0.21 (vLLM #39186); none to carry before
+        done = _worker_meta(worker)
         worker.clear_connector_metadata()
         output = create_model_runner_output(
             reqs=r.scheduler.running,
             finished_sending=sending,
             finished_recving=receiving,
             token_id=token,
-            kv_connector_worker_meta=done,
+            **({} if done is None else {"kv_connector_worker_meta": done}),
         )
         if self.pending is not None:
             r.scheduler.update_from_output(*self.pending)
@@ -70,12 +68,43 @@ class Engine:
 
         r = self.runner
         for _ in range(steps):
-            if not r.scheduler.requests and not r.connector_scheduler._jobs:
+            jobs = getattr(r.connector_scheduler, "_jobs", None)  # per-job releases
+            if not r.scheduler.requests and not jobs:
                 break
             self.step(EOS_TOKEN_ID, complete=True)
         if self.pending is not None:
             r.scheduler.update_from_output(*self.pending)
             self.pending = None
+
+
+def _worker_meta(worker: Any) -> Any:
+    """The step's per-job completions, or None in a per-request release."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+            OffloadingWorkerMetadata,
+        )
+    except ImportError:  # before vLLM #39186
+        return None
+    return worker.build_connector_worker_meta() or OffloadingWorkerMetadata()
+
+
+def _runner(block_size: int, num_gpu_blocks: int) -> Any:
+    """The release's ``RequestRunner``, one offloaded block per engine block
+    (0.20 names both sizes; 0.21 on, the block size and a factor)."""
+    import inspect
+
+    from tests.v1.kv_connector.unit.offloading_connector.utils import RequestRunner
+
+    if "offloaded_block_size" in inspect.signature(RequestRunner).parameters:
+        return RequestRunner(
+            offloaded_block_size=block_size,
+            gpu_block_size=block_size,
+            num_gpu_blocks=num_gpu_blocks,
+            async_scheduling=True,
+        )
+    return RequestRunner(
+        block_size=block_size, num_gpu_blocks=num_gpu_blocks, async_scheduling=True
+    )
 
 
 class RequestEngine(Engine):
@@ -181,6 +210,40 @@ def unflushed_preemption() -> None:
     engine.settle()
 
 
+def acknowledged_after_resume() -> None:
+    """vLLM #39186: a request's acknowledgement meets two incarnations' stores.
+
+    A request stores its prompt's two chunks (copied and done), is
+    preempted, computes them again, decodes a third chunk and finishes while
+    that chunk's store is in flight. The interleaving #39186's review found
+    wrong in its per-job draft: an acknowledgement that names the request,
+    applied to a store of its other incarnation. 0.20.0 acknowledges the
+    request (``finished_sending``) only once all of its stores are done;
+    0.21.0 completes each job on its own. Both replay clean.
+    """
+    from tests.v1.kv_connector.unit.offloading_connector.utils import generate_store_output
+
+    runner = _runner(BLOCK_SIZE, num_gpu_blocks=100)
+    runner.manager.prepare_store.side_effect = lambda keys, *_: generate_store_output(keys)
+    engine = Engine(runner)
+    runner.new_request(token_ids=[1] * BLOCK_SIZE * 2)
+    engine.step()  # the prefill: a store of its two chunks
+    engine.step(complete=True)  # copied
+    pool = runner.scheduler.kv_cache_manager.block_pool.free_block_queue
+    aside = pool.popleft_n(pool.num_free_blocks)  # no block free
+    for _ in range(BLOCK_SIZE):  # decode until a step needs a block: a preemption
+        if engine.step(complete=True).preempted_req_ids:
+            break
+    else:
+        raise RuntimeError("the request was never preempted")
+    pool.append_n(aside)
+    if not runner.scheduler.reset_prefix_cache():
+        raise RuntimeError("the engine's prefix cache could not be reset")
+    for _ in range(2 * BLOCK_SIZE):  # resumed, computed again, a third chunk decoded
+        engine.step()  # its store is not copied
+    engine.settle()
+
+
 def load_under_store() -> None:
     """vLLM #46014: a request preempted with a store flushed but not yet
     acknowledged is admitted again at once, and its prefix is in the tier.
@@ -279,6 +342,7 @@ def rewound_store_cursor() -> None:
 
 CASES: dict[str, Callable[[], None]] = {
     "unflushed-preemption": unflushed_preemption,
+    "acknowledged-after-resume": acknowledged_after_resume,
     "load-under-store": load_under_store,
     "stale-store-cursor": stale_store_cursor,
     "rewound-store-cursor": rewound_store_cursor,
