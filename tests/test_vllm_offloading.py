@@ -76,6 +76,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         ("offloading", {"mode": "plain", **TIER}),
         ("install", {"mode": "journal", "via": "install", **TIER}),
         ("no-flush", {"mode": "journal", "via": "install", "flushes": False, **TIER}),
+        # no tier audit: each rank journaled from two of its four calls
+        ("lean", {"mode": "journal", "via": "install", "fingerprint": False, **TIER}),
     ]
     return _engines(tmp_path_factory.mktemp("offloading"), plan, env)
 
@@ -135,6 +137,27 @@ def test_the_journaled_connector_replays_clean_and_its_outputs_are_the_reference
     assert kinds["job_reported"] == kinds["job_received"] == kinds["completions_received"]
     # The tier read back: every store's copy, every load of a key stored in this run.
     assert kinds["key_verified"] > 0 and kinds["load_verified"] > 0, kinds
+
+
+#: what the tier audit adds to a journal (absent without fingerprints)
+AUDIT_KINDS = {"key_verified", "load_verified"}
+
+
+@pytest.mark.vllm
+def test_a_rank_without_a_tier_audit_journals_the_same_transitions_from_fewer_calls(
+    runs: dict[str, dict],
+) -> None:
+    # The copies are held by engine steps, so the two runs are the same run:
+    # a rank journaled from two of vLLM's calls (the benchmark's cost row)
+    # writes every transition the four-call rank writes.
+    run = runs["lean"]
+    assert "watchdog" not in run, run.get("watchdog")
+    assert _tokens(run, "round1") == _tokens(runs["reference"], "round1")
+    lean, kinds = _replayed(runs, "lean")
+    assert lean.violations == [] and lean.exit_status == 0, lean.violations[:3]
+    _, full = _replayed(runs, "install")
+    assert not AUDIT_KINDS & set(kinds), kinds
+    assert kinds == {k: n for k, n in full.items() if k not in AUDIT_KINDS}
 
 
 @pytest.mark.vllm

@@ -30,6 +30,7 @@ Tier keys and store keys are vLLM's ``OffloadKey`` bytes, in hex.
 from __future__ import annotations
 
 import importlib
+import types
 from typing import Any
 
 from kvstate import tier_events as tier
@@ -77,6 +78,10 @@ def classes() -> tuple[Any, Any] | None:
     return found[0], found[1]
 
 
+#: the worker's calls a rank without a tier audit leaves unhooked (see
+#: :meth:`OffloadingWorkerObserver.step_seen`)
+LEAN_SKIPS = ("handle_preemptions", "start_kv_transfers")
+
 #: why a connector of a hybrid model is not journaled
 _GROUPS = (
     "the KV cache has {} groups (a hybrid model's full and sliding-window or "
@@ -91,6 +96,8 @@ class OffloadingHooks:
         self.process = process
         self.classes = (scheduler, worker)
         self.shapes = Shapes.of_vllm()
+        #: the worker's methods a lean rank does not observe, as vLLM has them
+        self.unobserved: dict[str, Any] = {}
 
     def patch(self) -> None:
         sched, worker = self.classes
@@ -103,6 +110,8 @@ class OffloadingHooks:
         if hasattr(sched, "reset_cache"):  # vLLM #41956 on
             around(sched, "reset_cache", self.reset_cache)
         around(worker, "__init__", self.worker_init)
+        for name in LEAN_SKIPS:
+            self.unobserved[name] = getattr(worker, name)
         around(worker, "prepare_store_kv", self.prepare_store)
         around(worker, "handle_preemptions", self.handle_preemptions)
         around(worker, "start_kv_transfers", self.start_transfers)
@@ -259,6 +268,13 @@ class OffloadingHooks:
         observer = OffloadingWorkerObserver(recorder, rank=rank, audit=audit)
         if len(sizes) != 1:
             stand_down(observer, _GROUPS.format(len(sizes)))
+        if observer.lean:
+            # Nothing of these two calls is needed at their moment without a
+            # tier audit: this rank calls vLLM's own methods (an attribute of
+            # the object, ahead of the class's patch), and each step costs
+            # the engine thread two hooks, not four.
+            for name, method in self.unobserved.items():
+                worker.__dict__[name] = types.MethodType(method, worker)
         return observer
 
     # One observation before vLLM's call and one after it: each hook runs on
@@ -268,6 +284,10 @@ class OffloadingHooks:
         observer = self._worker(worker)
         if observer is None:
             return original(worker, meta)
+        if observer.lean:
+            result = original(worker, meta)
+            self.process.observe(observer.step_seen, worker, meta)
+            return result
         before = self.process.observe(observer.before_store, worker, meta)
         result = original(worker, meta)
         self.process.observe(observer.after_call, worker, before)
@@ -275,7 +295,7 @@ class OffloadingHooks:
 
     def handle_preemptions(self, original: Any, worker: Any, meta: Any) -> Any:
         observer = self._worker(worker)
-        if observer is None:
+        if observer is None or observer.lean:
             return original(worker, meta)
         before = self.process.observe(observer.before_preemptions, worker, meta)
         result = original(worker, meta)
@@ -284,7 +304,7 @@ class OffloadingHooks:
 
     def start_transfers(self, original: Any, worker: Any, meta: Any) -> Any:
         observer = self._worker(worker)
-        if observer is not None:
+        if observer is not None and not observer.lean:
             self.process.observe(observer.before_transfers, worker, meta)
         return original(worker, meta)
 
@@ -292,6 +312,11 @@ class OffloadingHooks:
         observer = self._worker(worker)
         if observer is None:
             return original(worker, *a, **kw)
+        if observer.lean:
+            try:
+                return original(worker, *a, **kw)
+            finally:
+                self.process.observe(observer.finished, worker)
         before = self.process.observe(observer.completed, worker)
         try:
             return original(worker, *a, **kw)

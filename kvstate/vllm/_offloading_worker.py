@@ -31,6 +31,13 @@ class OffloadingWorkerObserver:
         self.jobs: dict[int, tuple[str, int, tuple[str, ...], bool]] = {}
         #: jobs this rank met that no observed scheduler named
         self.met_in_flight = 0
+        #: with no tier audit, a step is journaled from two of vLLM's calls
+        #: (:meth:`step_seen`, :meth:`finished`), not four
+        self.lean = audit is None
+        #: (lean) the stores vLLM queued last step: this step starts them
+        self.queued: list[int] = []
+        #: (lean) the rank's completion counts as last journaled, and their object
+        self._counted: tuple[Any, dict[int, int]] = (None, {})
 
     def _record(self, event: ev.Event) -> None:
         self.recorder.record(event, self.step)
@@ -98,6 +105,54 @@ class OffloadingWorkerObserver:
             self.flushed(flushed)
         if step_ended:
             self.step_ended()
+
+    # -- lean: without a tier audit nothing needs the moment of the first two calls
+
+    def step_seen(self, worker: Any, meta: Any) -> None:
+        """After ``prepare_store_kv``, the step so far, in the order the four
+        calls would have journaled it: ``handle_preemptions`` started the
+        stores queued last step and those flushed as they were built, then
+        waited for the flush; ``start_kv_transfers`` started the loads;
+        ``prepare_store_kv`` queued the step's stores."""
+        self.saw(meta)
+        named = getattr(meta, "_kvstate_jobs", None) or {}
+        flush = meta.jobs_to_flush or ()
+        # a store built and flushed this step: popped off the metadata by vLLM
+        popped = sorted(
+            j for j in flush if j in named and j not in meta.store_jobs and j not in meta.load_jobs
+        )
+        if popped:
+            self.receive(popped)
+        if getattr(worker, "_is_store_writer", True):
+            self.start(self.queued + popped)
+        before, after = self._counts(worker)
+        self.reported(before, after)  # a flushed store of a rank that writes none
+        if flush:
+            self.flushed(flush)
+        if meta.load_jobs:
+            loads = sorted(meta.load_jobs)
+            self.receive(loads)
+            self.start(loads)
+        if meta.store_jobs:
+            self.receive(sorted(meta.store_jobs))
+            self.reported(before, after)
+        self.queued = [entry[0] for entry in worker._unsubmitted_store_jobs]
+
+    def finished(self, worker: Any) -> None:
+        """After ``get_finished``: what the rank completed, and the step's end."""
+        before, after = self._counts(worker)
+        if after != before:
+            self.reported(before, after)
+        self.step_ended()
+
+    def _counts(self, worker: Any) -> tuple[dict[int, int], dict[int, int]]:
+        """The counts last journaled and the rank's now (vLLM starts a new
+        object for them each step it hands them over)."""
+        meta = worker._connector_worker_meta
+        seen, counted = self._counted
+        now = dict(meta.completed_jobs)
+        self._counted = (meta, now)
+        return (counted if seen is meta else {}), now
 
     def saw(self, meta: Any) -> None:
         self.step = getattr(meta, "_kvstate_step", self.step)
