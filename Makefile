@@ -12,14 +12,19 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(MAKE) system-packages
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev,mooncake,tui,fleet,ray]'
+	$(BIN)/pip install -q -e '.[dev,mooncake,tui,fleet,ray,metrics]'
 	touch $@
 
-# Mooncake's non-CUDA build loads Debian's libibverbs1 and librdmacm1.
+# Mooncake's non-CUDA build loads Debian's libibverbs1 and librdmacm1; the
+# alerting tests start Debian's prometheus (and check the rules with promtool).
 system-packages:
 	@dpkg -s libibverbs1 librdmacm1 >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q libibverbs1 librdmacm1 >/dev/null; } || \
 	  echo "warning: could not install libibverbs1/librdmacm1; Mooncake will not run"
+	@dpkg -s prometheus >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || \
+	  echo "warning: could not install prometheus; the alerting tests will fail"
 
 # The main job: the same workload under the legacy connector and under
 # kvstate, against a local Mooncake master (journals in demo/).

@@ -25,6 +25,7 @@ COMMANDS = (
     "export",
     "convert",
     "fleet_check",
+    "watch",
     # the commands that drive the harness, in their own folder
     "harness.run",
     "harness.demo",

@@ -1,0 +1,123 @@
+"""Journals' live figures on ``/metrics``, in Prometheus's conventions.
+
+:class:`FiguresCollector` turns :class:`~kvstate.figures.Figures` into
+metric families when Prometheus scrapes (``prometheus_client``'s custom
+collector), so a scrape costs a read of the figures and nothing on the
+path that writes or folds records. Every family is labelled with the
+journal's ``run``, ``role`` and file (``journal``); counters end in
+``_total``, sizes say their unit.
+
+==================================  =======  ====================================
+metric                              type     what
+==================================  =======  ====================================
+kvstate_records_total               counter  records folded (or counted, a rank's)
+kvstate_journal_records             gauge    records the file holds
+kvstate_journal_bytes               gauge    the file's size on disk
+kvstate_journal_segments            gauge    segments the journal is made of
+kvstate_violations_total            counter  findings by ``code``
+kvstate_first_violation_seq         gauge    seq of the first finding (absent: none)
+kvstate_jobs_in_flight              gauge    jobs enqueued and not yet ended
+kvstate_pins_held                   gauge    jobs whose device blocks are pinned
+kvstate_audit_lag_records           gauge    records written, not yet folded
+kvstate_audit_lag_seconds           gauge    how long the fold has been behind
+kvstate_journal_open                gauge    1 until engine_idle or engine_crashed
+kvstate_journal_readable            gauge    0 once a record cannot be read on
+kvstate_writer_up                   gauge    1 while the watcher or writer runs
+kvstate_disk_budget_bytes           gauge    the bytes the folder may hold (if set)
+==================================  =======  ====================================
+
+``prometheus_client`` is imported here only, and ``import kvstate`` never
+imports this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .figures import Figures
+
+LABELS = ("run", "role", "journal")
+
+
+class FiguresCollector(Collector):
+    """The figures ``source()`` returns at each scrape, as metric families.
+
+    ``budget`` is the disk budget in bytes, when one is set.
+    """
+
+    def __init__(
+        self, source: Callable[[], Iterable[Figures]], *, budget: int | None = None
+    ) -> None:
+        self.source = source
+        self.budget = budget
+
+    def collect(self) -> Iterator[Any]:
+        figures = list(self.source())
+
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=LABELS)
+
+        records = CounterMetricFamily(
+            "kvstate_records", "Records folded (a rank's journal: counted)", labels=LABELS
+        )
+        written = gauge("kvstate_journal_records", "Records the journal file holds")
+        size = gauge("kvstate_journal_bytes", "The journal file's size on disk")
+        segments = gauge("kvstate_journal_segments", "Segments the journal is made of")
+        violations = CounterMetricFamily(
+            "kvstate_violations", "Findings of the audit, by code", labels=(*LABELS, "code")
+        )
+        first = gauge("kvstate_first_violation_seq", "Seq of the journal's first finding")
+        in_flight = gauge("kvstate_jobs_in_flight", "Jobs enqueued and not yet ended")
+        pins = gauge("kvstate_pins_held", "Jobs whose device blocks are pinned")
+        lag = gauge("kvstate_audit_lag_records", "Records written and not yet folded")
+        lag_s = gauge("kvstate_audit_lag_seconds", "How long the fold has been behind")
+        open_ = gauge("kvstate_journal_open", "1 until engine_idle or engine_crashed")
+        readable = gauge("kvstate_journal_readable", "0 once a record cannot be read on")
+        for f in figures:
+            labels = [f.run, f.role, f.journal]
+            records.add_metric(labels, f.folded)
+            written.add_metric(labels, f.written)
+            size.add_metric(labels, f.bytes)
+            segments.add_metric(labels, f.segments)
+            for code, n in sorted(f.violations.items()):
+                violations.add_metric([*labels, code], n)
+            if f.first_violation_seq is not None:
+                first.add_metric(labels, f.first_violation_seq)
+            in_flight.add_metric(labels, f.jobs_in_flight)
+            pins.add_metric(labels, f.pins_held)
+            lag.add_metric(labels, f.lag_records())
+            lag_s.add_metric(labels, f.lag_seconds())
+            open_.add_metric(labels, 0 if f.closed else 1)
+            readable.add_metric(labels, 0 if f.error else 1)
+        yield from (records, written, size, segments, violations, first, in_flight, pins)
+        yield from (lag, lag_s, open_, readable)
+        yield GaugeMetricFamily("kvstate_writer_up", "1 while the watcher or writer runs", 1)
+        if self.budget is not None:
+            yield GaugeMetricFamily(
+                "kvstate_disk_budget_bytes", "The bytes the journals may hold", self.budget
+            )
+
+
+def serve(address: str, collector: Collector) -> Callable[[], None]:
+    """Serve ``collector`` on ``http://HOST:PORT/metrics``; returns the stop function.
+
+    Raises :class:`ValueError` for an address that is not ``HOST:PORT``.
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"--metrics takes HOST:PORT (for example 127.0.0.1:9464), not {address!r}")
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(collector)
+    server, thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+    return stop

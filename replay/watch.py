@@ -1,0 +1,135 @@
+"""Follow every journal under a folder as processes write them, and fold each.
+
+``kvstate watch DIR`` (see :mod:`replay.cli.watch`) polls the folder: a
+journal that appears is opened, and each poll reads what was committed
+since the last one, chain-verified (:meth:`journal.Journal.stored_rows`),
+and folds it. A journal one process writes for every side is folded as
+replay folds it; a scheduler's journal as the writer process's audit folds
+it (its ranks' reports are in other files: completions are checked against
+the world size); a rank's journal is counted, and judged with its
+scheduler's by ``kvstate replay``. Each journal's figures
+(:class:`kvstate.figures.Figures`) are what ``/metrics`` publishes.
+
+Nothing here waits on the clock for correctness: a poll reads what is
+there. The seconds of audit lag are wall time, for an alert.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from pathlib import Path
+
+import attrs
+
+from journal import Journal, JournalError, RecordError, is_journal_file
+from kvstate import events as ev
+from kvstate.codec import from_stored
+from kvstate.figures import Figures
+from kvstate.ledger import Ledger
+from kvstate.spill import SpillArchive
+
+#: rows folded per journal per poll at most (the others' turn comes in between)
+CHUNK = 20_000
+
+
+class _Followed:
+    """One journal file being followed."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.journal = Journal(path, readonly=True)
+        self.last = 0
+        self.ledger: Ledger | None = None
+        self.figures = Figures(journal=path)
+
+    def read(self) -> bool:
+        """Fold what was committed since the last read; whether anything was."""
+        f = self.figures
+        if f.error is not None:
+            return False
+        f.written = max(0, self.journal.head()[0])
+        with contextlib.suppress(OSError):  # the file is the engine's: it may go
+            f.bytes = os.path.getsize(self.path)
+        kinds: list[str] = []
+        found = []
+        try:
+            for seq, kind, step, rank, ts, payload in self.journal.stored_rows(
+                after=self.last, upto=self.last + CHUNK
+            ):
+                entry = from_stored(seq, kind, step, rank, ts, payload, self.path)
+                self.last = seq
+                if seq == 1 and isinstance(entry.event, ev.JournalOpened):
+                    f.header(entry.event)
+                    if f.audited:
+                        # settled state parks on disk: a watch runs for weeks
+                        self.ledger = Ledger(observes_workers=not f.role, archive=SpillArchive())
+                kinds.append(kind)
+                if self.ledger is not None:
+                    found += self.ledger.apply(seq, entry.step, entry.event)
+        except (RecordError, JournalError) as exc:
+            f.error = str(exc)
+        f.fold(kinds, found, self.ledger)
+        if f.folded >= f.written:
+            f.caught_up_at = time.monotonic()
+        return bool(kinds)
+
+    def close(self) -> None:
+        self.journal.close()
+
+
+class Watcher:
+    """The journals under ``folder``, followed (see the module docstring)."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise JournalError(f"{self.folder}: not a folder")
+        self._followed: dict[str, _Followed] = {}
+        #: files that are not (yet) journals this reader can open, and why
+        self.unopened: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def poll(self) -> bool:
+        """One pass: pick up new journals, fold what each committed; whether
+        anything new was read."""
+        self._discover()
+        progressed = False
+        for followed in list(self._followed.values()):
+            with self._lock:
+                progressed |= followed.read()
+        return progressed
+
+    def _discover(self) -> None:
+        for file in sorted(self.folder.rglob("*")):
+            name = str(file)
+            hidden = any(p.startswith(".") for p in file.relative_to(self.folder).parts)
+            if hidden or name in self._followed or not file.is_file():
+                continue
+            if not is_journal_file(name):
+                continue
+            try:
+                followed = _Followed(name)
+            except (JournalError, RecordError, OSError) as exc:
+                # a database whose writer has not made its schema yet
+                self.unopened[name] = str(exc)
+                continue
+            self.unopened.pop(name, None)
+            with self._lock:
+                self._followed[name] = followed
+
+    def figures(self) -> list[Figures]:
+        """Every journal's figures (copies: safe to read while the watcher folds)."""
+        with self._lock:
+            return [
+                attrs.evolve(f.figures, violations=f.figures.violations.copy())
+                for f in self._followed.values()
+            ]
+
+    def close(self) -> None:
+        with self._lock:
+            for followed in self._followed.values():
+                followed.close()
+            self._followed.clear()
