@@ -28,7 +28,7 @@ as ``UNLEDGERED_JOB``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import events as ev
@@ -67,6 +67,9 @@ class Auditor:
         self._built = False
         #: a writer process folds this recorder's batches (see :meth:`hand_to_writer`)
         self.folded_remotely = False
+        #: called once, with the first finding that is not a warning
+        self.on_first: Callable[[Violation], None] | None = None
+        self._first_told = False
 
     # -- what the recorder carries -------------------------------------------------
 
@@ -127,7 +130,16 @@ class Auditor:
             if self.mode != "inline":  # inline, the caller acts on them now
                 with self._untaken_lock:
                     self.untaken.extend(found)
+            self._tell_first(found)
         return found
+
+    def _tell_first(self, found: list[Violation]) -> None:
+        if self._first_told or self.on_first is None:
+            return
+        first = next((v for v in found if not v.is_warning), None)
+        if first is not None:
+            self._first_told = True
+            self.on_first(first)
 
     def apply_entries(self, entries: list[Entry]) -> list[Violation]:
         """Fold a committed batch (the ``commit`` mode's writer side, in this
@@ -152,6 +164,7 @@ class Auditor:
                 self.violations.extend(found)
             with self._untaken_lock:
                 self.untaken.extend(found)
+            self._tell_first(found)
 
     @property
     def wants_specs(self) -> bool:

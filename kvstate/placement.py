@@ -39,7 +39,7 @@ from journal.writing import Writer
 
 from .audit import Auditor
 from .codec import Entry, to_row
-from .writer_codec import decode_report, encode_batch
+from .writer_codec import codec_arg, decode_report, encode_batch
 
 
 @attrs.frozen
@@ -64,6 +64,7 @@ def place(
     process: bool,
     background: bool,
     synchronous: str,
+    metrics: str | None = None,
 ) -> Placement:
     """The writer of ``journal`` at ``path`` for these settings (see the table above).
 
@@ -71,6 +72,8 @@ def place(
     this closes it then.
     """
     folds = auditor.mode == "commit"
+    if metrics is not None and not process:
+        raise ValueError("metrics are served by the writer process: open it with process=True")
     if process:
         journal.close()
         writer: Writer[Entry] = ProcessWriter(
@@ -80,7 +83,9 @@ def place(
             synchronous=synchronous,
             # read when the process starts (at the first commit), once the
             # ledgers that record here are attached
-            codec_arg=auditor.hand_to_writer,
+            codec_arg=lambda: codec_arg(
+                auditor.hand_to_writer(), metrics=metrics, journal=os.fspath(path)
+            ),
             on_report=lambda report: auditor.add_found(decode_report(report)),
         )
         # Whether the process folds is known when it starts: the auditor's

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import logging
 import os
 import sys
 import threading
@@ -68,6 +70,30 @@ def _close_at_exit() -> None:
             )
             for v in pending:
                 print(f"kvstate:   {v.code} at seq {v.seq}: {v.message}", file=sys.stderr)
+
+
+def _check_address(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"metrics takes HOST:PORT (for example 127.0.0.1:9464), not {address!r}")
+
+
+def _log_first(log: logging.Logger, path: str, v: Violation) -> None:
+    """The first violation of a journal, said once where the host logs."""
+    who = ", ".join(
+        f"{name} {value}"
+        for name, value in (("job", v.job), ("request", v.req), ("rank", v.rank))
+        if value is not None
+    )
+    log.warning(
+        "kvstate: first violation in %s: %s at seq %d%s: %s; explain it with: kvstate replay %s",
+        path,
+        v.code.value,
+        v.seq,
+        f" ({who})" if who else "",
+        v.message,
+        path,
+    )
 
 
 def journal_views() -> dict[str, tuple[str, ...]]:
@@ -167,6 +193,8 @@ class Recorder:
         run: str | None = None,
         role: str | None = None,
         protocol: str | None = None,
+        metrics: str | None = None,
+        logger: logging.Logger | None = None,
     ) -> Recorder:
         """A recorder writing a new journal database at ``path``.
 
@@ -190,7 +218,15 @@ class Recorder:
         written by a thread of this process (``background``) or, without
         it, on the committing thread: for tests and small tools, where the
         start of a second interpreter costs more than it saves.
+
+        ``metrics`` (``HOST:PORT``) has the writer process serve the
+        journal's live figures on ``/metrics`` (docs/ops.md; the ``metrics``
+        extra). The first violation the audit finds is logged once, at
+        warning level, on ``logger`` (``logging.getLogger("kvstate")`` by
+        default), with the ``kvstate replay`` command that explains it.
         """
+        if metrics is not None:
+            _check_address(metrics)
         header = JournalOpened(
             version=1,
             block_size=block_size,
@@ -218,8 +254,9 @@ class Recorder:
             process=process,
             background=background,
             synchronous=synchronous,
+            metrics=metrics,
         )
-        return cls(
+        recorder = cls(
             header,
             placed.writer,
             keep=keep,
@@ -228,6 +265,9 @@ class Recorder:
             writer_folds=placed.writer_folds,
             writer_checks=placed.writer_checks,
         )
+        log = logger if logger is not None else logging.getLogger("kvstate")
+        auditor.on_first = functools.partial(_log_first, log, os.fspath(path))
+        return recorder
 
     @classmethod
     def in_memory(

@@ -18,21 +18,29 @@ With an audit configuration (see :meth:`kvstate.audit.Auditor.remote_config`)
 the codec also folds every committed batch, parking settled state in a
 :class:`~kvstate.spill.SpillArchive`, and its :meth:`BatchCodec.report`
 carries the findings back to the engine with the writer's next answer.
+With a metrics address (:func:`codec_arg`), it keeps the journal's
+:class:`~kvstate.figures.Figures` as it commits and folds, and serves them
+on ``/metrics`` from this process: the engine's thread pays nothing more.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
 import msgspec
 
 from .codec import Entry, payload_bytes, refusal, refused, to_row
-from .events import SIDE_WORKER, EngineCrashed
+from .events import SIDE_WORKER, EngineCrashed, JournalOpened
 from .violations import Code, Violation
 
 if TYPE_CHECKING:
     from .audit import Auditor
+    from .figures import Figures
 
 _encode = msgspec.msgpack.Encoder().encode
 _Blob = tuple[list[str], list[tuple[int, int, Optional[int], msgspec.Raw]]]  # noqa: UP045
@@ -64,6 +72,14 @@ def encode_batch(batch: list[Entry]) -> bytes:
     return _encode(([entry[3].kind for entry in kept], kept))
 
 
+def codec_arg(audit: str, *, metrics: str | None, journal: str) -> str:
+    """What the writer process's :class:`BatchCodec` is built with: the
+    audit's configuration alone, or with a metrics address, JSON."""
+    if metrics is None:
+        return audit
+    return json.dumps({"audit": audit, "metrics": metrics, "journal": journal})
+
+
 def encode_report(found: list[Violation]) -> bytes:
     """Findings as the writer process sends them back."""
     return _encode([v.to_dict() for v in found]) if found else b""
@@ -89,6 +105,10 @@ class BatchCodec:
     def __init__(self, audit: str = "") -> None:
         from .codec import _DECODERS  # the one decoder of each kind
 
+        metrics = journal = None
+        if audit.startswith("{"):
+            settings = json.loads(audit)
+            audit, metrics, journal = settings["audit"], settings["metrics"], settings["journal"]
         self._decoders = _DECODERS
         self._decode_blob = msgspec.msgpack.Decoder(_Blob).decode
         self._last_step = 0
@@ -101,6 +121,31 @@ class BatchCodec:
         #: the decoded entries of the batch being committed (for the audit)
         self._entries: list[Entry] = []
         self._found: list[Violation] = []
+        #: the journal's figures, with a metrics address
+        self.figures: Figures | None = None
+        self._kinds: list[str] = []
+        if metrics is not None and journal is not None:
+            self._serve(metrics, journal)
+
+    def _serve(self, address: str, journal: str) -> None:
+        """Keep the figures and serve them; a server that cannot start is said
+        on stderr and the journal is written all the same."""
+        import attrs
+
+        from .figures import Figures
+
+        figures = self.figures = Figures(journal=journal, audited=self._auditor is not None)
+        try:
+            from .prometheus import FiguresCollector, serve
+
+            serve(
+                address,
+                FiguresCollector(
+                    lambda: [attrs.evolve(figures, violations=figures.violations.copy())]
+                ),
+            )
+        except (ImportError, ValueError, OSError) as exc:
+            print(f"kvstate: {journal}: /metrics at {address} not served: {exc}", file=sys.stderr)
 
     def rows(self, blob: bytes) -> list[tuple[int, str, int, int | None, int | None, bytes]]:
         kinds, entries = self._decode_blob(blob)
@@ -119,6 +164,11 @@ class BatchCodec:
                 row = (seq, kind, step, rank, ts, payload)
             if self._auditor is not None:
                 audited.append(Entry(seq, step, ts, event))
+            if self.figures is not None:
+                self._kinds.append(kind)
+                if seq == 1 and isinstance(event, JournalOpened):
+                    self.figures.header(event)
+                    self.figures.audited = self._auditor is not None
             rows.append(row)
         if rows:
             self._last_step = rows[-1][2]
@@ -127,10 +177,17 @@ class BatchCodec:
     def committed(self) -> None:
         """The batch is in the journal: fold it."""
         auditor = self._auditor
-        if auditor is None:
-            return
-        self._found += auditor.apply_entries(self._entries)
+        found = [] if auditor is None else auditor.apply_entries(self._entries)
+        self._found += found
         self._entries = []
+        figures = self.figures
+        if figures is not None:
+            figures.written += len(self._kinds)
+            figures.fold(self._kinds, found, None if auditor is None else auditor.ledger)
+            self._kinds = []
+            figures.caught_up_at = time.monotonic()
+            with contextlib.suppress(OSError):
+                figures.bytes = os.path.getsize(figures.journal)
 
     def report(self) -> bytes:
         """What the audit found since the last report."""

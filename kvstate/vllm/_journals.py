@@ -12,6 +12,7 @@ merges one engine's journals and refuses another engine's.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -145,6 +146,8 @@ def open_journal(
         protocol=protocol,
         process=True,
         audit="commit" if scheduler else "off",
+        # a first violation is said in vLLM's log, with vLLM's format and handlers
+        logger=logging.getLogger("vllm.kvstate"),
     )
     if scheduler:
         recorder.auditor.attach_scheduler()

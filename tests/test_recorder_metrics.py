@@ -1,0 +1,84 @@
+"""A recorder's writer process serves the journal's figures; the first violation is logged once.
+
+``Recorder.open(..., metrics=HOST:PORT)``: the writer process, which
+already folds each committed batch, keeps the journal's figures and serves
+them on ``/metrics``, so the engine's thread pays nothing more. The audit's
+first finding is logged once, at warning level, naming the code, the job,
+the request and the ``kvstate replay`` command that explains it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kvstate import Recorder, SchedulerLedger
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _overrun(rec: Recorder) -> None:
+    """Two table overruns (64 tokens over one 16-token block), two steps apart."""
+    s = SchedulerLedger(rec, strict=False)
+    s.begin_step()
+    s.admit("r", 64)
+    s.assign_blocks("r", [1], resumed=False)
+    s.enqueue_store_job("r", 0, 64, ["k0", "k1", "k2", "k3"])
+    rec.commit(settle=True)
+    s.begin_step()
+    s.admit("q", 64)
+    s.assign_blocks("q", [2], resumed=False)
+    s.enqueue_store_job("q", 0, 64, ["j0", "j1", "j2", "j3"])
+    rec.commit(settle=True)
+
+
+def test_the_writer_process_serves_the_journals_figures(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{_port()}"
+    path = tmp_path / "served.db"
+    rec = Recorder.open(path, block_size=16, world_size=1, metrics=address)
+    try:
+        _overrun(rec)
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=30) as r:
+            text = r.read().decode()
+    finally:
+        rec.close(raise_found=False)
+    overruns = [
+        line
+        for line in text.splitlines()
+        if line.startswith("kvstate_violations_total{") and 'code="TABLE_OVERRUN"' in line
+    ]
+    assert len(overruns) == 1 and overruns[0].endswith(" 2.0"), overruns
+    assert f'journal="{path}"' in overruns[0]
+    records = next(x for x in text.splitlines() if x.startswith("kvstate_records_total{"))
+    assert records.endswith(f" {float(rec.recorded)}"), (records, rec.recorded)
+
+
+def test_the_first_violation_is_logged_once_with_the_command_that_explains_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "logged.db"
+    rec = Recorder.open(path, block_size=16, world_size=1)
+    with caplog.at_level(logging.WARNING, logger="kvstate"):
+        _overrun(rec)
+        rec.close(raise_found=False)
+    lines = [r.getMessage() for r in caplog.records if r.name == "kvstate"]
+    assert len(lines) == 1, lines  # two overruns, one line
+    (line,) = lines
+    assert "TABLE_OVERRUN" in line and "request r" in line and "job" in line
+    assert line.endswith(f"kvstate replay {path}")
+
+
+def test_a_metrics_address_that_is_not_host_port_is_refused_before_a_file_exists(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        Recorder.open(tmp_path / "x.db", block_size=16, world_size=1, metrics="9464")
+    assert not (tmp_path / "x.db").exists()
