@@ -65,6 +65,7 @@ def place(
     background: bool,
     synchronous: str,
     metrics: str | None = None,
+    counts: str | None = None,
 ) -> Placement:
     """The writer of ``journal`` at ``path`` for these settings (see the table above).
 
@@ -72,8 +73,8 @@ def place(
     this closes it then.
     """
     folds = auditor.mode == "commit"
-    if metrics is not None and not process:
-        raise ValueError("metrics are served by the writer process: open it with process=True")
+    if (metrics is not None or counts is not None) and not process:
+        raise ValueError("live figures come from the writer process: open it with process=True")
     if process:
         journal.close()
         writer: Writer[Entry] = ProcessWriter(
@@ -84,7 +85,7 @@ def place(
             # read when the process starts (at the first commit), once the
             # ledgers that record here are attached
             codec_arg=lambda: codec_arg(
-                auditor.hand_to_writer(), metrics=metrics, journal=os.fspath(path)
+                auditor.hand_to_writer(), metrics=metrics, counts=counts, journal=os.fspath(path)
             ),
             on_report=lambda report: auditor.add_found(decode_report(report)),
         )

@@ -36,6 +36,7 @@ from .codec import Entry, refusal, refused
 from .errors import RefusedValueError
 from .events import EVENT_TYPES, JournalOpened
 from .events import Event as _Event
+from .live_counts import LiveCounts
 from .placement import place
 from .violations import Violation, raise_for
 
@@ -142,6 +143,8 @@ class Recorder:
         self._inline = audit == "inline"
         #: a ledger in strict mode records here: close() raises what no call raised
         self.strict = False
+        #: the writer process's audit counts, shared as it folds (``live_counts``)
+        self.live_counts: LiveCounts | None = None
         #: every entry recorded, when ``keep`` (tests, tools, small runs)
         self.entries: list[Entry] | None = [] if keep else None
         #: with ``keep``, the seqs a guard suspected of a breach (see :meth:`emit`)
@@ -195,6 +198,7 @@ class Recorder:
         protocol: str | None = None,
         metrics: str | None = None,
         logger: logging.Logger | None = None,
+        live_counts: bool = False,
     ) -> Recorder:
         """A recorder writing a new journal database at ``path``.
 
@@ -224,6 +228,8 @@ class Recorder:
         extra). The first violation the audit finds is logged once, at
         warning level, on ``logger`` (``logging.getLogger("kvstate")`` by
         default), with the ``kvstate replay`` command that explains it.
+        ``live_counts`` shares the writer's audit counts with this process
+        as it folds (:attr:`live_counts`, :mod:`kvstate.live_counts`).
         """
         if metrics is not None:
             _check_address(metrics)
@@ -247,6 +253,7 @@ class Recorder:
             raise FileExistsError(f"{os.fspath(path)}: journal already has records")
         journal.create_views(journal_views())
         auditor = Auditor(audit)
+        counts = LiveCounts.create() if live_counts and process else None
         placed = place(
             path,
             journal,
@@ -255,6 +262,7 @@ class Recorder:
             background=background,
             synchronous=synchronous,
             metrics=metrics,
+            counts=None if counts is None else counts.path,
         )
         recorder = cls(
             header,
@@ -265,6 +273,7 @@ class Recorder:
             writer_folds=placed.writer_folds,
             writer_checks=placed.writer_checks,
         )
+        recorder.live_counts = counts
         log = logger if logger is not None else logging.getLogger("kvstate")
         auditor.on_first = functools.partial(_log_first, log, os.fspath(path))
         return recorder
@@ -404,10 +413,14 @@ class Recorder:
             return
         self._closed = True
         _OPEN.discard(self)
-        if self.writer is not None:
-            self.writer.close()
-        elif self._unaudited:
-            self.commit()
+        try:
+            if self.writer is not None:
+                self.writer.close()
+            elif self._unaudited:
+                self.commit()
+        finally:
+            if self.live_counts is not None:
+                self.live_counts.close()
         if raise_found and self.strict and self.auditor.untaken:
             raise_for(self.auditor.take_new())
 

@@ -41,6 +41,7 @@ from .violations import Code, Violation
 if TYPE_CHECKING:
     from .audit import Auditor
     from .figures import Figures
+    from .live_counts import LiveCounts
 
 _encode = msgspec.msgpack.Encoder().encode
 _Blob = tuple[list[str], list[tuple[int, int, Optional[int], msgspec.Raw]]]  # noqa: UP045
@@ -72,12 +73,13 @@ def encode_batch(batch: list[Entry]) -> bytes:
     return _encode(([entry[3].kind for entry in kept], kept))
 
 
-def codec_arg(audit: str, *, metrics: str | None, journal: str) -> str:
+def codec_arg(audit: str, *, metrics: str | None, counts: str | None, journal: str) -> str:
     """What the writer process's :class:`BatchCodec` is built with: the
-    audit's configuration alone, or with a metrics address, JSON."""
-    if metrics is None:
+    audit's configuration alone, or, with a metrics address or a live
+    counts file (:mod:`kvstate.live_counts`), JSON."""
+    if metrics is None and counts is None:
         return audit
-    return json.dumps({"audit": audit, "metrics": metrics, "journal": journal})
+    return json.dumps({"audit": audit, "metrics": metrics, "counts": counts, "journal": journal})
 
 
 def encode_report(found: list[Violation]) -> bytes:
@@ -105,10 +107,11 @@ class BatchCodec:
     def __init__(self, audit: str = "") -> None:
         from .codec import _DECODERS  # the one decoder of each kind
 
-        metrics = journal = None
+        metrics = counts = journal = None
         if audit.startswith("{"):
             settings = json.loads(audit)
             audit, metrics, journal = settings["audit"], settings["metrics"], settings["journal"]
+            counts = settings["counts"]
         self._decoders = _DECODERS
         self._decode_blob = msgspec.msgpack.Decoder(_Blob).decode
         self._last_step = 0
@@ -121,9 +124,16 @@ class BatchCodec:
         #: the decoded entries of the batch being committed (for the audit)
         self._entries: list[Entry] = []
         self._found: list[Violation] = []
-        #: the journal's figures, with a metrics address
+        #: the journal's figures, with a metrics address or a live counts file
         self.figures: Figures | None = None
         self._kinds: list[str] = []
+        self._counts: LiveCounts | None = None
+        if counts is not None:
+            from .figures import Figures
+            from .live_counts import LiveCounts
+
+            self._counts = LiveCounts(counts, owner=False)
+            self.figures = Figures(journal=journal or "", audited=self._auditor is not None)
         if metrics is not None and journal is not None:
             self._serve(metrics, journal)
 
@@ -134,7 +144,9 @@ class BatchCodec:
 
         from .figures import Figures
 
-        figures = self.figures = Figures(journal=journal, audited=self._auditor is not None)
+        if self.figures is None:
+            self.figures = Figures(journal=journal, audited=self._auditor is not None)
+        figures = self.figures
         try:
             from .prometheus import FiguresCollector, serve
 
@@ -188,6 +200,8 @@ class BatchCodec:
             figures.caught_up_at = time.monotonic()
             with contextlib.suppress(OSError):
                 figures.bytes = os.path.getsize(figures.journal)
+            if self._counts is not None:
+                self._counts.store(figures.folded, figures.first_violation_seq, figures.violations)
 
     def report(self) -> bytes:
         """What the audit found since the last report."""

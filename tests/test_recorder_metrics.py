@@ -82,3 +82,16 @@ def test_a_metrics_address_that_is_not_host_port_is_refused_before_a_file_exists
     with pytest.raises(ValueError, match="HOST:PORT"):
         Recorder.open(tmp_path / "x.db", block_size=16, world_size=1, metrics="9464")
     assert not (tmp_path / "x.db").exists()
+
+
+def test_live_counts_give_the_engine_the_writers_findings_without_waiting(tmp_path: Path) -> None:
+    rec = Recorder.open(tmp_path / "counted.db", block_size=16, world_size=1, live_counts=True)
+    counts = rec.live_counts
+    assert counts is not None and counts.read() == (0, None, {})
+    _overrun(rec)  # each step settled: the writer has folded it
+    folded, first, by_code = counts.read()
+    assert by_code == {"TABLE_OVERRUN": 2}
+    assert folded == rec.recorded
+    assert first == rec.violations[0].seq
+    rec.close(raise_found=False)
+    assert not Path(counts.path).exists()  # the recorder's file, removed with it

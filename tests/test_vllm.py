@@ -224,10 +224,15 @@ def test_two_ranks_in_processes_of_their_own(tmp_path: Path, release: str) -> No
         "watchdog": 120,
         "round2": False,
         "tp": 2,
+        # vLLM's stat loggers on: the ranks' store stats and kvstate's figures
+        # travel one path (kvstate.vllm._stats) to vLLM's Prometheus registry
+        "metrics": True,
     }
     with MooncakeMaster() as address:
         env = {**os.environ, **store_env(address, tmp_path / "mooncake.json", "256MB")}
-        run_engine(python, config, tmp_path, "tp2", env, 900)
+        result = run_engine(python, config, tmp_path, "tp2", env, 900)
+    records = [x for x in result["metrics"] if x.startswith("vllm:kvstate_records_total{")]
+    assert records and float(records[0].rsplit(" ", 1)[1]) > 0, result["metrics"]
     parts = sorted(str(p) for p in journals.glob("*.db"))
     roles = [next(iter(entries([p]))).event.role for p in parts]  # type: ignore[attr-defined]
     assert roles == ["scheduler", "worker-0", "worker-1"]

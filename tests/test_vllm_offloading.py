@@ -78,7 +78,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         ("no-flush", {"mode": "journal", "via": "install", "flushes": False, **TIER}),
         # no tier audit: each rank journaled from two of its four calls
         ("lean", {"mode": "journal", "via": "install", "fingerprint": False, **TIER}),
-    ]
+        # the connector setting, flushes dropped, vLLM's stat loggers on
+        ("metrics", {"mode": "journal", "via": "connector", "flushes": False, "metrics": True,
+                     **TIER}),
+    ]  # fmt: skip
     return _engines(tmp_path_factory.mktemp("offloading"), plan, env)
 
 
@@ -158,6 +161,26 @@ def test_a_rank_without_a_tier_audit_journals_the_same_transitions_from_fewer_ca
     _, full = _replayed(runs, "install")
     assert not AUDIT_KINDS & set(kinds), kinds
     assert kinds == {k: n for k, n in full.items() if k not in AUDIT_KINDS}
+
+
+@pytest.mark.vllm
+def test_kvstates_figures_are_on_vllms_own_metrics(runs: dict[str, dict]) -> None:
+    # Through the connector-stats path: vLLM's Prometheus registry (what its
+    # /metrics serves) holds kvstate's counters with vLLM's labels, and the
+    # live audit's findings reached them while the engine ran.
+    run = runs["metrics"]
+    lines = run["metrics"]
+    records = [x for x in lines if x.startswith("vllm:kvstate_records_total{")]
+    assert records and 'model_name="' in records[0] and 'engine="0"' in records[0], lines
+    assert float(records[0].rsplit(" ", 1)[1]) > 0
+    reuse = [
+        x
+        for x in lines
+        if x.startswith("vllm:kvstate_violations_total{") and 'code="UNFLUSHED_REUSE"' in x
+    ]
+    assert reuse and float(reuse[0].rsplit(" ", 1)[1]) >= 1, lines
+    result, _ = _replayed(runs, "metrics")
+    assert "UNFLUSHED_REUSE" in {v.code.value for v in result.violations}
 
 
 @pytest.mark.vllm

@@ -148,6 +148,8 @@ def open_journal(
         audit="commit" if scheduler else "off",
         # a first violation is said in vLLM's log, with vLLM's format and handlers
         logger=logging.getLogger("vllm.kvstate"),
+        # what the audit found, readable at each step (vLLM's stats, kvstate.vllm._stats)
+        live_counts=scheduler,
     )
     if scheduler:
         recorder.auditor.attach_scheduler()

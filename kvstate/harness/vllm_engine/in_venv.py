@@ -214,6 +214,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         max_num_seqs=cfg["max_seqs"],
         max_model_len=cfg.get("max_model_len", 256),
         seed=0,
+        # vLLM's stat loggers, its Prometheus registry among them (cfg "metrics")
+        disable_log_stats=not cfg.get("metrics", False),
         **_parallel(int(cfg.get("tp", 1))),
         **kwargs,
     )
@@ -255,6 +257,12 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         from kvstate.vllm import host_tier
 
         result["tier"] = dict(host_tier.TALLY)
+    if cfg.get("metrics"):
+        # what vLLM's /metrics serves: its Prometheus registry, kvstate's lines of it
+        from prometheus_client import REGISTRY, generate_latest
+
+        exposed = generate_latest(REGISTRY).decode()
+        result["metrics"] = [line for line in exposed.splitlines() if "kvstate" in line]
     if journaled:
         import kvstate.vllm
 
