@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -10,6 +11,8 @@ from typing import TYPE_CHECKING
 from journal import JournalError, RecordError
 
 if TYPE_CHECKING:
+    from kvstate.figures import Figures
+
     from ..watch import Watcher
 
 from ._common import (
@@ -98,16 +101,46 @@ def _follow(watcher: Watcher, interval: float) -> None:
     with Live(console=console, auto_refresh=False) as live:
         while True:
             progressed = watcher.poll()
-            lines = [f.status() for f in watcher.figures()] or ["(no journal yet)"]
+            lines = run_lines(watcher.figures()) or ["(no journal yet)"]
             live.update(Text("\n".join(lines)), refresh=True)
             if not progressed:
                 time.sleep(interval)
 
 
+def run_lines(figures: list[Figures]) -> list[str]:
+    """One status line per run: its journals' records and findings summed, the
+    jobs in flight as its scheduler (or its one journal) counts them."""
+    runs: dict[str, list[Figures]] = {}
+    for f in figures:
+        runs.setdefault(f.run or f.journal, []).append(f)
+    lines = []
+    for run, parts in sorted(runs.items()):
+        audited = [f for f in parts if f.audited]
+        found = sum(sum(f.violations.values()) for f in parts)
+        firsts = [
+            f"{os.path.basename(f.journal)} seq {f.first_violation_seq}"
+            for f in parts
+            if f.first_violation_seq is not None
+        ]
+        state = next((f.error for f in parts if f.error), None) or (
+            "closed" if all(f.closed for f in parts) else "open"
+        )
+        first = f" (first: {', '.join(firsts)})" if firsts else ""
+        lines.append(
+            f"{run}  {len(parts)} journal(s)  {state}  {sum(f.folded for f in parts)} records  "
+            f"{found} violation(s){first}  "
+            f"{sum(f.jobs_in_flight for f in audited)} job(s) in flight  "
+            f"lag {max(f.lag_records() for f in parts)}"
+        )
+    return lines
+
+
 def _report(watcher: Watcher) -> int:
     figures = watcher.figures()
+    for line in run_lines(figures):
+        print(line)
     for f in figures:
-        print(f"{f.journal}: {f.status()}")
+        print(f"  {f.journal}: {f.status()}")
     for name, why in sorted(watcher.unopened.items()):
         print(f"{name}: not opened: {why}")
     if any(f.error for f in figures) or watcher.unopened:
