@@ -72,6 +72,45 @@ def create(conn: sqlite3.Connection) -> None:
     conn.executescript(_TRIGGERS)
 
 
+#: the one-row table of a journal's segment after the first (see :mod:`journal.segments`)
+SEGMENT = "segment"
+
+
+def create_segment(
+    conn: sqlite3.Connection,
+    *,
+    index: int,
+    journal_id: str,
+    previous_seq: int,
+    previous_link: bytes,
+    previous_name: str | None,
+) -> None:
+    """Mark an empty journal as segment ``index`` of journal ``journal_id``,
+    continuing the chain after ``previous_seq`` and ``previous_link``."""
+    conn.execute(
+        f"CREATE TABLE {SEGMENT} (segment_index INTEGER NOT NULL, journal_id TEXT NOT NULL, "
+        "previous_seq INTEGER NOT NULL, previous_link BLOB NOT NULL, previous_name TEXT) STRICT"
+    )
+    conn.execute(
+        f"INSERT INTO {SEGMENT} VALUES (?, ?, ?, ?, ?)",
+        (index, journal_id, previous_seq, previous_link, previous_name),
+    )
+
+
+def segment_row(conn: sqlite3.Connection) -> tuple[int, str, int, bytes, str | None] | None:
+    """The segment row, or None for a journal that is not a segment."""
+    try:
+        row = conn.execute(
+            f"SELECT segment_index, journal_id, previous_seq, previous_link, previous_name "
+            f"FROM {SEGMENT}"
+        ).fetchone()
+    except sqlite3.OperationalError:  # no such table: a whole journal, or a first segment
+        return None
+    if row is None:
+        return None
+    return int(row[0]), str(row[1]), int(row[2]), bytes(row[3]), row[4]
+
+
 def check(conn: sqlite3.Connection, path: str) -> None:
     """Refuse a database that is not a journal of a version we can read."""
     try:

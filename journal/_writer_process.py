@@ -31,6 +31,7 @@ from typing import Any
 
 from journal._frames import ANSWER, CLOSE, FRAME, SETTLE, WAIT
 from journal.database import Journal
+from journal.segments import Rotating, Rotation
 
 #: how often (seconds) an idle writer checks that its parent is still alive;
 #: this decides nothing about progress, only when a dead parent is noticed
@@ -63,11 +64,18 @@ def _answer(fd: int, ticket: int, error: str | None, report: bytes) -> None:
 
 
 def serve(
-    path: str, synchronous: str, codec_name: str, arg: str, parent: int, fd_in: int, fd_out: int
+    path: str,
+    synchronous: str,
+    codec_name: str,
+    arg: str,
+    parent: int,
+    fd_in: int,
+    fd_out: int,
+    rotation: Rotation | None = None,
 ) -> int:
     """The writer's loop; returns the exit status."""
     codec = load(codec_name)(arg)
-    journal = Journal(path, synchronous=synchronous)
+    segment = Rotating(Journal(path, synchronous=synchronous), rotation, synchronous=synchronous)
     written = 0
     error: str | None = None
     try:
@@ -87,7 +95,7 @@ def serve(
             committed = False
             if blob and error is None:
                 try:
-                    journal.append_rows(codec.rows(blob))
+                    segment.journal.append_rows(codec.rows(blob))
                     committed = True
                 except Exception as exc:  # reported to the engine on its next wait
                     error = f"{type(exc).__name__}: {exc}"
@@ -108,19 +116,27 @@ def serve(
                 codec.committed()
             if closed:
                 return 0
+            if blob and error is None:
+                # Between two commits, the engine not waiting: the segment is
+                # closed whole before the next takes a record.
+                try:
+                    segment.committed()
+                except Exception as exc:
+                    error = f"rotating the journal: {type(exc).__name__}: {exc}"
         if error is None:
-            last_seq, _ = journal.head()
-            journal.append_rows(codec.orphaned(last_seq))
+            last_seq, _ = segment.journal.head()
+            segment.journal.append_rows(codec.orphaned(last_seq))
         return 0
     finally:
-        journal.close()
+        segment.journal.close()
 
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    path, synchronous, codec_name, arg, parent = argv
+    path, synchronous, codec_name, arg, parent, *rest = argv
+    rotation = Rotation.from_spec(rest[0]) if rest else None
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
-    return serve(path, synchronous, codec_name, arg, int(parent), stdin, stdout)
+    return serve(path, synchronous, codec_name, arg, int(parent), stdin, stdout, rotation)
 
 
 if __name__ == "__main__":

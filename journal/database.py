@@ -113,6 +113,55 @@ class Journal:
         except _UNREADABLE as exc:
             raise JournalError(f"{self.path}: cannot open journal: {exc}") from exc
         self._pack = msgpack.Packer(use_bin_type=True).pack
+        self._base = self._chain_base()
+
+    def _chain_base(self) -> tuple[int, bytes]:
+        """Where this file's chain starts: before the first record of a whole
+        journal, or after the previous segment's last commit (a later segment
+        of a rotated journal, see :mod:`journal.segments`)."""
+        try:
+            row = _schema.segment_row(self._conn)
+        except _UNREADABLE as exc:
+            raise JournalError(f"{self.path}: cannot read the segment table: {exc}") from exc
+        return (BEFORE_FIRST, _chain.GENESIS) if row is None else (row[2], row[3])
+
+    def continue_after(
+        self,
+        *,
+        index: int,
+        journal_id: str,
+        previous_seq: int,
+        previous_link: bytes,
+        previous_name: str | None,
+    ) -> None:
+        """Make this new, empty journal segment ``index`` of a rotated journal:
+        its first commit follows ``previous_seq`` and links to ``previous_link``."""
+        if self.readonly or len(self):
+            raise JournalError(f"{self.path}: only a new, empty journal can continue another")
+        _schema.create_segment(
+            self._conn,
+            index=index,
+            journal_id=journal_id,
+            previous_seq=previous_seq,
+            previous_link=previous_link,
+            previous_name=previous_name,
+        )
+        self._base = self._chain_base()
+
+    def first_link(self) -> bytes | None:
+        """The link of the first commit in this file (None: no commit yet)."""
+        try:
+            row = self._conn.execute(
+                f"SELECT digest FROM {_schema.TABLE} WHERE digest IS NOT NULL ORDER BY seq LIMIT 1"
+            ).fetchone()
+        except _UNREADABLE as exc:
+            raise JournalError(f"{self.path}: cannot read the journal: {exc}") from exc
+        return None if row is None else bytes(row[0])
+
+    def segment(self) -> tuple[int, str, int, bytes, str | None] | None:
+        """(index, journal id, previous seq, previous link, previous file) of a
+        later segment; None for a whole journal or a first segment."""
+        return _schema.segment_row(self._conn)
 
     # -- writing -----------------------------------------------------------------
 
@@ -124,7 +173,7 @@ class Journal:
             ).fetchone()
         except _UNREADABLE as exc:
             raise JournalError(f"{self.path}: cannot read the journal: {exc}") from exc
-        return (BEFORE_FIRST, _chain.GENESIS) if row is None else (row[0], row[1])
+        return self._base if row is None else (row[0], row[1])
 
     def append(self, records: Iterable[Record]) -> int:
         """Append a batch in one transaction; returns how many were written.
@@ -306,16 +355,17 @@ class Journal:
             time.sleep(poll_interval)
 
     def _link_at_or_before(self, after: int) -> tuple[int, bytes]:
-        """The seq and link of the last commit that ends at or before ``after``."""
-        if after < 0:
-            return BEFORE_FIRST, _chain.GENESIS
+        """The seq and link of the last commit that ends at or before ``after``
+        (the chain's base, before this file's first commit)."""
+        if after <= self._base[0]:
+            return self._base
         row = self._conn.execute(
             f"SELECT seq, digest FROM {_schema.TABLE} WHERE seq <= ? AND digest IS NOT NULL "
             "ORDER BY seq DESC LIMIT 1",
             (after,),
         ).fetchone()
         if row is None:
-            return BEFORE_FIRST, _chain.GENESIS
+            return self._base
         if type(row[1]) is not bytes:
             raise RecordError("row does not have the journal's column types", path=self.path,
                               seq=row[0])  # fmt: skip

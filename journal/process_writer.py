@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 
 from ._frames import ANSWER, CLOSE, FRAME, SETTLE, WAIT
 from .errors import JournalError
+from .segments import Rotation
 from .writing import Buffered
 
 T = TypeVar("T")
@@ -79,6 +80,7 @@ class ProcessWriter(Buffered[T], Generic[T]):
         synchronous: str = "NORMAL",
         codec_arg: str | Callable[[], str] = "",
         on_report: Callable[[bytes], None] | None = None,
+        rotation: Rotation | None = None,
     ) -> None:
         super().__init__()
         self.path = os.fspath(path)
@@ -87,6 +89,8 @@ class ProcessWriter(Buffered[T], Generic[T]):
         self._codec_arg = codec_arg
         self._synchronous = synchronous
         self._on_report = on_report
+        #: when the writer process closes a segment and begins the next (journal.segments)
+        self._rotation = "" if rotation is None else rotation.spec()
         #: one reader of the answer pipe at a time (the engine's thread waits
         #: for its step while a sending thread flushes before it raises)
         self._reading = threading.Lock()
@@ -106,7 +110,7 @@ class ProcessWriter(Buffered[T], Generic[T]):
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         process = self._process = subprocess.Popen(
             [sys.executable, "-m", "journal._writer_process", self.path, self._synchronous,
-             self._codec, arg, str(os.getpid())],
+             self._codec, arg, str(os.getpid()), self._rotation],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

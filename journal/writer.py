@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar, cast
 from .database import Journal, NewRow
 from .errors import JournalError
 from .record import Record
+from .segments import Rotating, Rotation
 from .writing import Buffered
 
 T = TypeVar("T")
@@ -71,9 +72,12 @@ class JournalWriter(Buffered[T], Generic[T]):
         *,
         background: bool = True,
         after_write: Callable[[list[T]], object] | None = None,
+        rotation: Rotation | None = None,
     ) -> None:
         super().__init__()
-        self.journal = journal
+        #: the segment written now (journal.segments; the journal itself without rotation)
+        self._segment = Rotating(journal, rotation, synchronous=journal.synchronous)
+        self.journal = journal  # the first segment (tests read its head while it is one)
         self.path = journal.path
         self._encode = encode
         #: called with each batch once it is written, on the thread that wrote it
@@ -187,7 +191,7 @@ class JournalWriter(Buffered[T], Generic[T]):
                 self._queue.put(_STOP)
                 self._thread.join()
                 self._thread = None
-            self.journal.close()
+            self._segment.journal.close()
 
     # -- writer thread -------------------------------------------------------------
 
@@ -212,11 +216,13 @@ class JournalWriter(Buffered[T], Generic[T]):
                 encode = self._encode
                 first = encode(batch[0])
                 rest = map(encode, itertools.islice(batch, 1, None))
+                journal = self._segment.journal
                 if type(first) is tuple:
                     # encoded as the journal takes them (see Journal.append_rows)
-                    self.journal.append_rows(itertools.chain((first,), rest))  # type: ignore[arg-type]
+                    journal.append_rows(itertools.chain((first,), rest))  # type: ignore[arg-type]
                 else:
-                    self.journal.append([first, *rest])  # type: ignore[list-item]
+                    journal.append([first, *rest])  # type: ignore[list-item]
+                self._segment.committed()  # the next segment, if this one is full or old
             except BaseException as exc:
                 self._error = exc
                 self.unwritten.append(batch)

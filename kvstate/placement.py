@@ -35,6 +35,7 @@ import os
 import attrs
 
 from journal import Journal, JournalWriter, ProcessWriter
+from journal.segments import Rotation
 from journal.writing import Writer
 
 from .audit import Auditor
@@ -66,6 +67,7 @@ def place(
     synchronous: str,
     metrics: str | None = None,
     counts: str | None = None,
+    rotation: Rotation | None = None,
 ) -> Placement:
     """The writer of ``journal`` at ``path`` for these settings (see the table above).
 
@@ -88,12 +90,13 @@ def place(
                 auditor.hand_to_writer(), metrics=metrics, counts=counts, journal=os.fspath(path)
             ),
             on_report=lambda report: auditor.add_found(decode_report(report)),
+            rotation=rotation,
         )
         # Whether the process folds is known when it starts: the auditor's
         # ``folded_remotely`` says so, and the recorder folds what it does not.
         return Placement(writer, writer_folds=False, writer_checks=True)
     after = auditor.apply_entries if folds else None
     return Placement(
-        JournalWriter(journal, to_row, background=background, after_write=after),
+        JournalWriter(journal, to_row, background=background, after_write=after, rotation=rotation),
         writer_folds=folds,
     )

@@ -29,6 +29,7 @@ import weakref
 from collections.abc import Callable
 
 from journal import Journal
+from journal.segments import Rotation
 from journal.writing import Writer
 
 from .audit import Auditor
@@ -199,6 +200,8 @@ class Recorder:
         metrics: str | None = None,
         logger: logging.Logger | None = None,
         live_counts: bool = False,
+        rotate_bytes: int | None = None,
+        rotate_seconds: float | None = None,
     ) -> Recorder:
         """A recorder writing a new journal database at ``path``.
 
@@ -230,7 +233,14 @@ class Recorder:
         default), with the ``kvstate replay`` command that explains it.
         ``live_counts`` shares the writer's audit counts with this process
         as it folds (:attr:`live_counts`, :mod:`kvstate.live_counts`).
+        ``rotate_bytes`` and ``rotate_seconds`` rotate the journal into
+        segments (``path``, then ``NAME.000002.db``, ...: see
+        :mod:`journal.segments`) when the current one reaches that size or
+        age; every reader takes the first segment as the whole journal.
         """
+        rotation = None
+        if rotate_bytes is not None or rotate_seconds is not None:
+            rotation = Rotation(max_bytes=rotate_bytes, max_seconds=rotate_seconds)
         if metrics is not None:
             _check_address(metrics)
         header = JournalOpened(
@@ -263,6 +273,7 @@ class Recorder:
             synchronous=synchronous,
             metrics=metrics,
             counts=None if counts is None else counts.path,
+            rotation=rotation,
         )
         recorder = cls(
             header,

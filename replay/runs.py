@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from journal import RecordError, is_journal_file
+from journal import RecordError, is_journal_file, segments
 from kvstate import events as ev
 
 from .sources import read_path
@@ -32,6 +32,10 @@ def journal_files(paths: Sequence[str]) -> list[str]:
             # hidden files are half-written outputs (".NAME.tmp"), never journals
             hidden = any(part.startswith(".") for part in file.relative_to(path).parts)
             if hidden or not file.is_file():
+                continue
+            # a later segment is read through its journal's first segment
+            first = segments.first_of(name)
+            if first is not None and os.path.exists(first):
                 continue
             if name.endswith(_JSONL) or is_journal_file(name):
                 found.append(name)

@@ -24,7 +24,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple, Protocol
 
-from journal import Journal, RecordError, is_journal_file, read_jsonl_lines
+from journal import Journal, RecordError, is_journal_file, read_jsonl_lines, segments
 from journal.database import BEFORE_FIRST
 from journal.jsonl import JsonlReader
 from kvstate import events as ev
@@ -69,10 +69,13 @@ def read_path(
     """
     name = _existing(path)
     if is_journal_file(name):
-        with Journal(name, readonly=True) as journal:
-            if sized is not None:
-                sized(max(0, journal.head()[0]))  # seqs are 1..N: the last is the count
-            yield from _rows(journal, name, BEFORE_FIRST, None)
+        # A rotated journal is its segments, each following the one before
+        # (journal.segments); one that never rotated is its one file.
+        if sized is not None:
+            sized(max(0, segments.last_seq(name)))  # seqs are 1..N: the last is the count
+        for journal in segments.segments(name):
+            with journal:
+                yield from _rows(journal, journal.path, BEFORE_FIRST, None)
     else:
         for line, record in read_jsonl_lines(name):
             yield Located(from_record(record, path=name, line=line), name, record.seq, line)
@@ -240,18 +243,36 @@ class Records(Protocol):
 
 
 class _DatabaseRecords:
-    """Records of a journal database, by seq, read in chunks; read-only."""
+    """Records of a journal database, by seq, read in chunks; read-only.
+
+    A rotated journal is read across its segments (each checked to follow
+    the one before by :func:`journal.segments.segments`); a segment that
+    appears while the journal is followed joins at the next :meth:`last_seq`.
+    """
 
     CHUNK = 4096
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._journal = Journal(path, readonly=True)
-        self._lock = threading.Lock()  # one connection, several threads
+        self._lock = threading.Lock()  # one connection per segment, several threads
+        first = segments.open_first(path)
+        #: each segment's journal and the last seq before its first record, in order
+        self._parts: list[tuple[int, Journal]] = [(segments.base_seq(first), first)]
+
+    def _open_next(self) -> bool:
+        """Open the next segment, if it exists now (a rotation while followed)."""
+        journal = self._parts[-1][1]
+        nxt = segments.open_next(self.path, len(self._parts) + 1, journal.head(), journal.path)
+        if nxt is None:
+            return False
+        self._parts.append((segments.base_seq(nxt), nxt))
+        return True
 
     def last_seq(self) -> int:
         with self._lock:
-            return self._journal.head()[0]
+            while self._open_next():
+                pass
+            return self._parts[-1][1].head()[0]
 
     def between(self, after: int, upto: int) -> Iterator[Located]:
         """Records with ``after < seq <= upto``, in order."""
@@ -259,13 +280,21 @@ class _DatabaseRecords:
             end = min(upto, after + self.CHUNK)
             # a chunk at a time under the lock: the inspector's threads share it
             with self._lock:
-                chunk = list(_rows(self._journal, self.path, after, end))
+                chunk = []
+                for base, journal in self._parts:
+                    if end <= base:
+                        break
+                    head = journal.head()[0]
+                    if head <= after:
+                        continue
+                    chunk += list(_rows(journal, journal.path, max(after, base), min(end, head)))
             yield from chunk
             after = end
 
     def close(self) -> None:
         with self._lock:
-            self._journal.close()
+            for _, journal in self._parts:
+                journal.close()
 
 
 class _InMemory:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import attrs
 
-from journal import Journal, JournalError, RecordError, is_journal_file
+from journal import JournalError, RecordError, is_journal_file, segments
 from kvstate import events as ev
 from kvstate.codec import from_stored
 from kvstate.figures import Figures
@@ -36,26 +36,43 @@ CHUNK = 20_000
 
 
 class _Followed:
-    """One journal file being followed."""
+    """One journal being followed: its first segment's file, then each later
+    segment as the writer rotates into it (journal.segments)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.journal = Journal(path, readonly=True)
+        self.journal = segments.open_first(path)
+        self.index = 1
         self.last = 0
         self.ledger: Ledger | None = None
         self.figures = Figures(journal=path)
+
+    def _next_segment(self) -> bool:
+        """Go on to the next segment once the writer began it (the current one is whole)."""
+        nxt = segments.open_next(self.path, self.index + 1, self.journal.head(), self.journal.path)
+        if nxt is None:
+            return False
+        self.journal.close()
+        self.journal, self.index = nxt, self.index + 1
+        self.figures.segments = self.index
+        return True
 
     def read(self) -> bool:
         """Fold what was committed since the last read; whether anything was."""
         f = self.figures
         if f.error is not None:
             return False
-        f.written = max(0, self.journal.head()[0])
-        with contextlib.suppress(OSError):  # the file is the engine's: it may go
-            f.bytes = os.path.getsize(self.path)
         kinds: list[str] = []
         found = []
         try:
+            if self.last >= self.journal.head()[0]:
+                self._next_segment()
+            f.written = max(0, self.journal.head()[0])
+            with contextlib.suppress(OSError):  # the files are the engine's: they may go
+                f.bytes = sum(
+                    os.path.getsize(segments.segment_path(self.path, i))
+                    for i in range(1, self.index + 1)
+                )
             for seq, kind, step, rank, ts, payload in self.journal.stored_rows(
                 after=self.last, upto=self.last + CHUNK
             ):
@@ -110,6 +127,9 @@ class Watcher:
                 continue
             if not is_journal_file(name):
                 continue
+            first = segments.first_of(name)
+            if first is not None and os.path.exists(first):
+                continue  # followed through its first segment
             try:
                 followed = _Followed(name)
             except (JournalError, RecordError, OSError) as exc:

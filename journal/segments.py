@@ -1,0 +1,258 @@
+"""A journal as a run of segments: rotated at a commit boundary, one chain across them.
+
+A writer that runs for weeks rotates its journal: once the current segment
+has reached a size or an age, its last commit is durable and it is closed,
+and the next segment is created beside it. ``engine.db`` is the first
+segment; the later ones are ``engine.000002.db``, ``engine.000003.db``, ...
+Each later segment holds, in a one-row ``segment`` table, its index, the
+journal's id (the same in every segment), and the seq and link of the
+previous segment's last commit: its first commit follows that seq and links
+to that link. So the hash chain runs across segments as it runs across
+commits, and :func:`segments` hands a reader the files of one journal in
+order, after checking that each follows the one before: a missing segment,
+one out of order, one of another journal, or one whose predecessor was
+replaced is named, with the file.
+
+The first segment is an ordinary journal (no ``segment`` table), so a
+journal that never rotated reads as it always did. Its id, for its later
+segments, is the digest of its first commit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+
+from .database import BEFORE_FIRST, Journal
+from .errors import JournalError
+
+#: the index of a later segment in its file name: ``NAME.000002.db``
+_LATER = re.compile(r"^(?P<stem>.+)\.(?P<index>\d{6})(?P<suffix>\.[^.]+)?$")
+
+
+class SegmentError(JournalError):
+    """The segments of a journal do not follow each other (the message names the file)."""
+
+
+def segment_path(first: str | os.PathLike[str], index: int) -> str:
+    """The file of segment ``index`` (1: the first segment itself)."""
+    path = os.fspath(first)
+    if index == 1:
+        return path
+    stem, suffix = os.path.splitext(path)
+    return f"{stem}.{index:06d}{suffix}"
+
+
+def journal_id(first: Journal) -> str:
+    """The id every later segment of ``first``'s journal carries: the digest
+    of its first commit, in hex (a journal with no commit cannot rotate)."""
+    link = first.first_link()
+    if link is None:
+        raise JournalError(f"{first.path}: a journal with no commit has no segments")
+    return link.hex()
+
+
+def is_later_segment(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is named as a later segment (``NAME.000002.db``)."""
+    match = _LATER.match(os.path.basename(os.fspath(path)))
+    return match is not None and int(match["index"]) > 1
+
+
+class Rotation:
+    """When the current segment is closed and the next begun: at ``max_bytes``
+    on disk or ``max_seconds`` since it was opened, whichever comes first
+    (None: never). Checked at commit boundaries only, so no commit spans two
+    segments."""
+
+    def __init__(self, *, max_bytes: int | None = None, max_seconds: float | None = None) -> None:
+        for name, value in (("max_bytes", max_bytes), ("max_seconds", max_seconds)):
+            if value is not None and value <= 0:
+                raise ValueError(f"rotation's {name} must be positive, not {value!r}")
+        self.max_bytes = max_bytes
+        self.max_seconds = max_seconds
+        self._opened = time.monotonic()
+
+    def spec(self) -> str:
+        """The rotation as one argument (``BYTES,SECONDS``, either empty) for
+        a writer process; :meth:`from_spec` reads it back."""
+        return f"{self.max_bytes or ''},{self.max_seconds or ''}"
+
+    @classmethod
+    def from_spec(cls, spec: str) -> Rotation | None:
+        size, _, age = spec.partition(",")
+        if not size and not age:
+            return None
+        return cls(max_bytes=int(size) if size else None, max_seconds=float(age) if age else None)
+
+    def due(self, journal: Journal) -> bool:
+        """Whether ``journal``, the current segment, is to be closed now."""
+        if self.max_seconds is not None and time.monotonic() - self._opened >= self.max_seconds:
+            return True
+        if self.max_bytes is not None:
+            size = sum(
+                os.path.getsize(p)
+                for p in (journal.path, journal.path + "-wal")
+                if os.path.exists(p)
+            )
+            return size >= self.max_bytes
+        return False
+
+    def rotate(self, journal: Journal, first: str, index: int, *, synchronous: str) -> Journal:
+        """Close ``journal`` (segment ``index`` of the journal whose first
+        segment is ``first``) and return the next segment, open for appends.
+
+        The next file must not exist: a segment is never overwritten.
+        """
+        seq, link = journal.head()
+        if seq == BEFORE_FIRST:
+            raise JournalError(f"{journal.path}: an empty segment is not rotated")
+        ident = _id_of(journal, first)
+        journal.close()  # its commits are durable already; closing folds the WAL in
+        path = segment_path(first, index + 1)
+        if os.path.exists(path):
+            raise SegmentError(f"{path}: the next segment exists already; not overwritten")
+        nxt = Journal(path, synchronous=synchronous)
+        nxt.continue_after(
+            index=index + 1,
+            journal_id=ident,
+            previous_seq=seq,
+            previous_link=link,
+            previous_name=os.path.basename(journal.path),
+        )
+        self._opened = time.monotonic()
+        return nxt
+
+
+def _id_of(journal: Journal, first: str) -> str:
+    row = journal.segment()
+    if row is not None:
+        return row[1]
+    with Journal(first, readonly=True) as head:
+        return journal_id(head)
+
+
+def segments(first: str | os.PathLike[str]) -> Iterator[Journal]:
+    """The segments of the journal whose first segment is ``first``, each
+    open read-only, in order, each checked to follow the one before (see the
+    module docstring). Each is closed when the next is taken (a ``with``
+    block around each closes it as well).
+
+    Raises :class:`SegmentError` naming the file that does not follow.
+    """
+    path = os.fspath(first)
+    journal: Journal | None = open_first(path)
+    index = 1
+    while journal is not None:
+        head = journal.head()  # what the next segment must follow
+        name = journal.path
+        yield journal
+        journal.close()
+        index += 1
+        journal = open_next(path, index, head, name)
+
+
+def open_first(first: str) -> Journal:
+    """The first segment of a journal, open read-only (refused: a later one)."""
+    if is_later_segment(first):
+        raise SegmentError(f"{first}: a later segment of a journal; give its first segment")
+    journal = Journal(first, readonly=True)
+    if journal.segment() is not None:
+        journal.close()
+        raise SegmentError(f"{first}: a later segment of a journal; give its first segment")
+    return journal
+
+
+def base_seq(journal: Journal) -> int:
+    """The seq after which ``journal``'s records begin (its segment's predecessor's last)."""
+    row = journal.segment()
+    return BEFORE_FIRST if row is None else row[2]
+
+
+def open_next(first: str, index: int, after: tuple[int, bytes], previous: str) -> Journal | None:
+    """Segment ``index`` (2 or more) of the journal whose first segment is
+    ``first``, open read-only and checked to follow ``after`` (the seq and
+    link that ``previous``, segment ``index - 1``, ends with); None while
+    there is no such file and no later one.
+    """
+    path = segment_path(first, index)
+    if not os.path.exists(path):
+        beyond = [i for i in _later_indexes(first) if i > index]
+        if beyond:
+            raise SegmentError(
+                f"{path}: segment {index} is missing, and segment {beyond[0]} exists"
+            )
+        return None
+    with Journal(first, readonly=True) as head:
+        ident = journal_id(head)
+    journal = Journal(path, readonly=True)
+    row = journal.segment()
+    name = os.path.basename(previous)
+    problem = None
+    if row is None:
+        problem = "has no segment table: not a later segment of this journal"
+    elif row[1] != ident:
+        problem = f"belongs to another journal (id {row[1]}, not {ident})"
+    elif row[0] != index:
+        problem = f"says it is segment {row[0]}, not {index}: out of order"
+    elif (row[2], row[3]) != after:
+        problem = (
+            f"does not follow {name} (it continues after seq {row[2]}; {name} ends at "
+            f"seq {after[0]}, or its last link differs): a segment was replaced"
+        )
+    if problem is not None:
+        journal.close()
+        raise SegmentError(f"{path}: {problem}")
+    return journal
+
+
+def _later_indexes(first: str) -> list[int]:
+    folder = os.path.dirname(first) or "."
+    stem, suffix = os.path.splitext(os.path.basename(first))
+    found = []
+    for name in os.listdir(folder):
+        match = _LATER.match(name)
+        if match and match["stem"] == stem and (match["suffix"] or "") == suffix:
+            found.append(int(match["index"]))
+    return sorted(found)
+
+
+def last_seq(first: str | os.PathLike[str]) -> int:
+    """The last seq the journal holds, in its last segment (a count, for a
+    progress bar: seqs run 1..N across segments)."""
+    path = os.fspath(first)
+    later = _later_indexes(path)
+    with Journal(segment_path(path, later[-1]) if later else path, readonly=True) as journal:
+        return journal.head()[0]
+
+
+def first_of(path: str | os.PathLike[str]) -> str | None:
+    """The first segment of the journal ``path`` is a later segment of, by
+    name (None: ``path`` is not named as a later segment)."""
+    name = os.fspath(path)
+    match = _LATER.match(os.path.basename(name))
+    if match is None or int(match["index"]) <= 1:
+        return None
+    return os.path.join(os.path.dirname(name), match["stem"] + (match["suffix"] or ""))
+
+
+class Rotating:
+    """The segment a writer appends to now, rotated after a commit when due."""
+
+    def __init__(self, journal: Journal, rotation: Rotation | None, *, synchronous: str) -> None:
+        self.journal = journal
+        self.first = journal.path
+        self.rotation = rotation
+        self.synchronous = synchronous
+        row = journal.segment()
+        self.index = 1 if row is None else row[0]
+
+    def committed(self) -> None:
+        """After a commit: close the segment and begin the next, if due."""
+        rotation = self.rotation
+        if rotation is not None and rotation.due(self.journal):
+            self.journal = rotation.rotate(
+                self.journal, self.first, self.index, synchronous=self.synchronous
+            )
+            self.index += 1
