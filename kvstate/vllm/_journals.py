@@ -40,6 +40,32 @@ def journal_dir(vllm_config: Any = None) -> Path:
     return Path(found)
 
 
+#: ``kv_connector_extra_config`` keys: rotate each journal into segments at
+#: this many bytes, or after this many seconds (journal.segments)
+ROTATE_BYTES, ROTATE_SECONDS = "kvstate_rotate_bytes", "kvstate_rotate_seconds"
+
+
+def rotation_of(vllm_config: Any = None) -> tuple[int | None, float | None]:
+    """The rotation the connector's extra config asks for: (bytes, seconds).
+
+    A value that is not a positive number is refused with a ``ValueError``
+    naming the key: no journal is opened, and the error is the process's
+    (``kvstate.vllm.finish`` reports it; nothing is raised into vLLM).
+    """
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    extra = (getattr(transfer, "kv_connector_extra_config", None) or {}) if transfer else {}
+    if not isinstance(extra, dict):
+        return None, None
+    out: list[float | None] = []
+    for key in (ROTATE_BYTES, ROTATE_SECONDS):
+        value = extra.get(key)
+        if value is not None and (type(value) not in (int, float) or value <= 0):
+            raise ValueError(f"kv_connector_extra_config[{key!r}] must be a positive number")
+        out.append(value)
+    size, age = out
+    return (None if size is None else int(size)), (None if age is None else float(age))
+
+
 #: the run name when vLLM's config gives none: one per process (a worker in
 #: the engine's own process, the uniprocess executor, shares it), renewed by
 #: :func:`new_fallback_run` when finish() ends the process's journals
@@ -98,6 +124,7 @@ def open_journal(
     engine: str,
     run: str,
     protocol: str | None = None,
+    rotation: tuple[int | None, float | None] = (None, None),
 ) -> Recorder:
     """A new journal ``folder/{role}-{pid}.db`` (``-2``, ``-3``, ... when a
     connector of this process already wrote one); an existing file is never reused.
@@ -150,6 +177,8 @@ def open_journal(
         logger=logging.getLogger("vllm.kvstate"),
         # what the audit found, readable at each step (vLLM's stats, kvstate.vllm._stats)
         live_counts=scheduler,
+        rotate_bytes=rotation[0],
+        rotate_seconds=rotation[1],
     )
     if scheduler:
         recorder.auditor.attach_scheduler()

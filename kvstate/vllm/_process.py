@@ -206,6 +206,7 @@ class ObservedProcess:
             engine=f"vllm {connector.version} ({connector.flavor})",
             run=_journals.run_name(config),
             protocol=protocol,
+            rotation=_journals.rotation_of(config),
         )
 
     def _connector(self) -> Connector:
