@@ -39,11 +39,10 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from kvstate.tier_events import OFFLOADING
-from kvstate.vllm._offloading import _GROUPS, _config
+from kvstate.vllm._offloading import _GROUPS, OffloadingHooks, _config
 from kvstate.vllm._offloading_scheduler import OffloadingSchedulerObserver
 from kvstate.vllm._offloading_worker import OffloadingWorkerObserver
 from kvstate.vllm._process import ObservedProcess, _world_size
-from kvstate.vllm._shapes import Shapes
 from kvstate.vllm._stand_down import stand_down
 
 PACKAGE = "vllm.distributed.kv_transfer.kv_connector.v1"
@@ -104,13 +103,12 @@ class _Jobs:
         return self.next - 1
 
 
-class PerRequestHooks:
-    """The hooks on both halves (see the module docstring)."""
+class PerRequestHooks(OffloadingHooks):
+    """The hooks on both halves (see the module docstring); what a finish and
+    a worker's construction need is the per-job connector's."""
 
     def __init__(self, process: ObservedProcess, scheduler: Any, worker: Any) -> None:
-        self.process = process
-        self.classes = (scheduler, worker)
-        self.shapes = Shapes.of_vllm()
+        super().__init__(process, scheduler, worker)
         #: the release waits for a preempted request's stores (vLLM #29870 on)
         self.flushes = hasattr(worker, "handle_preemptions")
 
@@ -144,9 +142,6 @@ class PerRequestHooks:
         # here (the module docstring), so stores are journaled without keys.
         state["_kvstate_tapped"], state["_kvstate_tap"] = getattr(sched, "manager", None), None
 
-    def _observer(self, sched: Any) -> OffloadingSchedulerObserver | None:
-        return self.process.scheduler(sched, self._new_scheduler)  # type: ignore[return-value]
-
     def _new_scheduler(self, sched: Any) -> OffloadingSchedulerObserver:
         config = sched.__dict__.get("_kvstate_config")
         # one attribute in 0.13 and 0.14; the first group's from 0.15
@@ -167,11 +162,11 @@ class PerRequestHooks:
         if not had and req in sched._reqs_to_load:  # a load was issued
             observer = self._observer(sched)
             if observer is not None:
-                self.process.observe(self._load_issued, observer, sched, request, blocks)
+                self.process.observe(self._issued_load, observer, sched, request, blocks)
         return result
 
     @staticmethod
-    def _load_issued(
+    def _issued_load(
         observer: OffloadingSchedulerObserver, sched: Any, request: Any, blocks: Any
     ) -> None:
         jobs: _Jobs = sched.__dict__["_kvstate_jobs"]
@@ -240,23 +235,12 @@ class PerRequestHooks:
         observer.finished_sending(sending)  # vLLM frees a held request's blocks
         observer.commit()
 
-    def request_finished(self, original: Any, sched: Any, request: Any, *a: Any, **kw: Any) -> Any:
-        result = original(sched, request, *a, **kw)
-        observer = self._observer(sched)
-        if observer is not None:
-            self.process.observe(observer.request_finished, request, hold=bool(result[0]))
-        return result
-
     # -- the worker half ------------------------------------------------------------
 
     def worker_init(self, original: Any, worker: Any, spec: Any, *a: Any, **kw: Any) -> None:
-        original(worker, spec, *a, **kw)
-        worker.__dict__["_kvstate_config"] = _config(spec, a, kw)
+        super().worker_init(original, worker, spec, *a, **kw)
         #: vLLM's job id on this worker -> the journal's
         worker.__dict__["_kvstate_ids"] = {}
-
-    def _worker(self, worker: Any) -> OffloadingWorkerObserver | None:
-        return self.process.rank(worker, self._new_worker)
 
     def _new_worker(self, worker: Any) -> OffloadingWorkerObserver:
         config = worker.__dict__.get("_kvstate_config")

@@ -26,12 +26,19 @@ BLOCK_SIZE = 4
 
 
 class Engine:
-    """One engine step at a time over a ``RequestRunner`` (async scheduling:
-    each step's output is applied after the next step is scheduled)."""
+    """One engine step at a time over a ``RequestRunner``.
 
-    def __init__(self, runner: Any) -> None:
+    As the release's own ``RequestRunner._run`` steps it: with async
+    scheduling (0.20 on), each step's output is applied after the next step
+    is scheduled; before (0.13, 0.14, ``sync``), at once. ``complete``
+    finishes every transfer the mocked tier holds.
+    """
+
+    def __init__(self, runner: Any, *, sync: bool = False) -> None:
         self.runner = runner
+        self.sync = sync
         self.pending: tuple[Any, Any] | None = None
+        self.complete = _held(runner)
 
     def step(self, token: int = 0, *, complete: bool = False) -> Any:
         from tests.v1.kv_connector.unit.utils import create_model_runner_output
@@ -40,12 +47,18 @@ class Engine:
         out = r.scheduler.schedule()
         meta = out.kv_connector_metadata
         worker = r.worker_connector
-        worker.handle_preemptions(meta)
+        if not self.sync:  # the metadata's flushes (0.20 on), every step
+            worker.handle_preemptions(meta)
+        elif out.preempted_req_ids and hasattr(worker, "handle_preemptions"):  # 0.14
+            worker.handle_preemptions(out.preempted_req_ids)
         worker.bind_connector_metadata(meta)
         worker.start_load_kv(r._dummy_ctx)
-        if complete:  # the mocked tier finishes every transfer it holds
-            r.offloading_spec.complete_transfers()
-        worker.wait_for_save()
+        if not self.sync and complete:  # before the stores are queued, as 0.20 on do
+            self.complete()
+        if not self.sync or out.total_num_scheduled_tokens > 0:
+            worker.wait_for_save()
+        if self.sync and complete:
+            self.complete()
         sending, receiving = worker.get_finished(out.finished_req_ids)
         # per-job completions from 0.21 (vLLM #39186); none to carry before
         done = _worker_meta(worker)
@@ -57,6 +70,9 @@ class Engine:
             token_id=token,
             **({} if done is None else {"kv_connector_worker_meta": done}),
         )
+        if self.sync:
+            r.scheduler.update_from_output(out, output)
+            return out
         if self.pending is not None:
             r.scheduler.update_from_output(*self.pending)
         self.pending = (out, output)
@@ -64,17 +80,28 @@ class Engine:
 
     def settle(self, steps: int = 16) -> None:
         """Step until the scheduler has no request and no transfer left."""
-        from tests.v1.kv_connector.unit.offloading_connector.utils import EOS_TOKEN_ID
-
         r = self.runner
         for _ in range(steps):
-            jobs = getattr(r.connector_scheduler, "_jobs", None)  # per-job releases
+            # per-job releases' jobs in flight (0.13 and 0.14's runner names no half)
+            jobs = getattr(getattr(r, "connector_scheduler", None), "_jobs", None)
             if not r.scheduler.requests and not jobs:
                 break
-            self.step(EOS_TOKEN_ID, complete=True)
+            self.step(_eos(), complete=True)
+        else:
+            if self.sync:
+                raise RuntimeError(f"the engine did not settle in {steps} steps")
         if self.pending is not None:
             r.scheduler.update_from_output(*self.pending)
             self.pending = None
+
+
+def _eos() -> int:
+    """The end-of-sequence token of the release's harness."""
+    try:
+        from tests.v1.kv_connector.unit.offloading_connector.utils import EOS_TOKEN_ID
+    except ImportError:  # 0.13, 0.14: one test file
+        from tests.v1.kv_connector.unit.test_offloading_connector import EOS_TOKEN_ID
+    return int(EOS_TOKEN_ID)
 
 
 def _worker_meta(worker: Any) -> Any:
@@ -105,50 +132,6 @@ def _runner(block_size: int, num_gpu_blocks: int) -> Any:
     return RequestRunner(
         block_size=block_size, num_gpu_blocks=num_gpu_blocks, async_scheduling=True
     )
-
-
-class RequestEngine(Engine):
-    """One engine step of a release from before per-job completion (0.13 and
-    0.14), stepped as its ``RequestRunner._run`` steps it: each step's
-    output applied before the next is scheduled."""
-
-    def __init__(self, runner: Any) -> None:
-        super().__init__(runner)
-        self.complete = _held(runner)
-
-    def step(self, token: int = 0, *, complete: bool = False) -> Any:
-        from tests.v1.kv_connector.unit.utils import create_model_runner_output
-
-        r = self.runner
-        out = r.scheduler.schedule()
-        worker = r.worker_connector
-        if out.preempted_req_ids and hasattr(worker, "handle_preemptions"):  # #29870 on
-            worker.handle_preemptions(out.preempted_req_ids)
-        worker.bind_connector_metadata(out.kv_connector_metadata)
-        worker.start_load_kv(r._dummy_ctx)
-        if out.total_num_scheduled_tokens > 0:
-            worker.wait_for_save()
-        if complete:
-            self.complete()
-        sending, receiving = worker.get_finished(out.finished_req_ids)
-        worker.clear_connector_metadata()
-        output = create_model_runner_output(
-            reqs=r.scheduler.running,
-            finished_sending=sending,
-            finished_recving=receiving,
-            token_id=token,
-        )
-        r.scheduler.update_from_output(out, output)
-        return out
-
-    def settle(self, steps: int = 16) -> None:
-        from tests.v1.kv_connector.unit.test_offloading_connector import EOS_TOKEN_ID
-
-        for _ in range(steps):
-            if not self.runner.scheduler.requests:
-                return
-            self.step(EOS_TOKEN_ID, complete=True)
-        raise RuntimeError(f"the engine did not settle in {steps} steps")
 
 
 def _held(runner: Any) -> Callable[[], None]:
@@ -195,7 +178,7 @@ def unflushed_preemption() -> None:
         offloaded_block_size=BLOCK_SIZE, gpu_block_size=BLOCK_SIZE, num_gpu_blocks=100
     )
     runner.manager.prepare_store.side_effect = generate_store_output
-    engine = RequestEngine(runner)
+    engine = Engine(runner, sync=True)
     runner.new_request(token_ids=[1] * BLOCK_SIZE * 2)
     engine.step()  # the prefill; a store of its two blocks, not yet copied
     pool = runner.scheduler.kv_cache_manager.block_pool.free_block_queue
