@@ -218,12 +218,14 @@ def _later_indexes(first: str) -> list[int]:
     return sorted(found)
 
 
-def last_seq(first: str | os.PathLike[str]) -> int:
-    """The last seq the journal holds, in its last segment (a count, for a
-    progress bar: seqs run 1..N across segments)."""
-    path = os.fspath(first)
-    later = _later_indexes(path)
-    with Journal(segment_path(path, later[-1]) if later else path, readonly=True) as journal:
+def last_seq(first: Journal) -> int:
+    """The last seq the journal whose first segment is open as ``first``
+    holds, in its last segment (a count, for a progress bar: seqs run 1..N
+    across segments). A journal that never rotated is not opened again."""
+    later = _later_indexes(first.path)
+    if not later:
+        return first.head()[0]
+    with Journal(segment_path(first.path, later[-1]), readonly=True) as journal:
         return journal.head()[0]
 
 

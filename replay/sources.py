@@ -71,10 +71,11 @@ def read_path(
     if is_journal_file(name):
         # A rotated journal is its segments, each following the one before
         # (journal.segments); one that never rotated is its one file.
-        if sized is not None:
-            sized(max(0, segments.last_seq(name)))  # seqs are 1..N: the last is the count
-        for journal in segments.segments(name):
+        for index, journal in enumerate(segments.segments(name)):
             with journal:
+                if index == 0 and sized is not None:
+                    # seqs are 1..N: the last is the count (one open of an unrotated journal)
+                    sized(max(0, segments.last_seq(journal)))
                 yield from _rows(journal, journal.path, BEFORE_FIRST, None)
     else:
         for line, record in read_jsonl_lines(name):

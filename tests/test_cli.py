@@ -305,19 +305,21 @@ def test_a_database_is_opened_once_for_its_progress_total_and_its_verdict(
 ) -> None:
     """The progress bar's total came from a connection of its own, before the
     fold opened the journal again; now the fold's reader says it."""
+    from journal import segments
     from replay import sources
     from replay.verdict import replay
 
     db = tmp_path / "j.db"
     assert run(capsys, "convert", str(EXAMPLES / "poisoned_read.jsonl"), str(db))[0] == 0
     opened: list[str] = []
-    journal_class = sources.Journal
+    journal_class = segments.Journal
 
     def counted(path, **kw):  # type: ignore[no-untyped-def]
         opened.append(str(path))
         return journal_class(path, **kw)
 
-    monkeypatch.setattr(sources, "Journal", counted)
+    # the reader opens a journal's segments, the first of them once
+    monkeypatch.setattr(segments, "Journal", counted)
     sized, done = sources.Sized(), []
     result = replay([str(db)], progress=done.append, sized=sized)
     assert opened == [str(db)]
