@@ -113,16 +113,27 @@ class Rotation:
         path = segment_path(first, index + 1)
         if os.path.exists(path):
             raise SegmentError(f"{path}: the next segment exists already; not overwritten")
-        nxt = Journal(path, synchronous=synchronous)
-        nxt.continue_after(
-            index=index + 1,
-            journal_id=ident,
-            previous_seq=seq,
-            previous_link=link,
-            previous_name=os.path.basename(journal.path),
-        )
+        # Made whole under a hidden name, then renamed into place: a reader
+        # following the journal never sees a segment without its table.
+        folder, name = os.path.split(path)
+        hidden = os.path.join(folder, f".{name}.tmp")
+        for leftover in (hidden, hidden + "-wal", hidden + "-shm"):
+            if os.path.exists(leftover):  # ours, from a rotation killed half-way
+                os.unlink(leftover)
+        with Journal(hidden, synchronous=synchronous) as nxt:
+            nxt.continue_after(
+                index=index + 1,
+                journal_id=ident,
+                previous_seq=seq,
+                previous_link=link,
+                previous_name=os.path.basename(journal.path),
+            )
+        if os.path.exists(path):  # made meanwhile by someone else: theirs
+            os.unlink(hidden)
+            raise SegmentError(f"{path}: the next segment exists already; not overwritten")
+        os.rename(hidden, path)
         self._opened = time.monotonic()
-        return nxt
+        return Journal(path, synchronous=synchronous)
 
 
 def _id_of(journal: Journal, first: str) -> str:

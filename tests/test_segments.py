@@ -248,3 +248,36 @@ def test_the_vllm_observer_reads_its_rotation_from_the_connectors_extra_config()
     for bad in (0, -5, "1GB", True):
         with pytest.raises(ValueError, match="kvstate_rotate_bytes"):
             rotation_of(config(kvstate_rotate_bytes=bad))
+
+
+def test_watch_follows_a_journal_across_its_segments_as_they_are_written(
+    twins: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from replay.verdict import replay
+    from replay.watch import Watcher
+
+    plain, _ = twins
+    with Journal(plain, readonly=True) as source:
+        rows = list(source.stored_rows())
+    watcher = Watcher(tmp_path)
+    rotation = Rotation(max_bytes=65_536)
+    first = tmp_path / "engine.db"
+    journal, index, written = Journal(first), 1, 0
+    for start in range(0, len(rows), 50):
+        journal.append_rows(rows[start : start + 50])
+        written = min(start + 50, len(rows))
+        if rotation.due(journal):
+            journal = rotation.rotate(journal, str(first), index, synchronous="NORMAL")
+            index += 1
+        while watcher.poll():
+            pass
+        (f,) = watcher.figures()  # one journal, however many segments
+        assert f.error is None and f.folded == written and f.segments == index
+    journal.close()
+    (f,) = watcher.figures()
+    watcher.close()
+    assert index > 3
+    expected: dict[str, int] = {}
+    for v in replay([str(plain)]).violations:
+        expected[v.code.value] = expected.get(v.code.value, 0) + 1
+    assert dict(f.violations) == expected
