@@ -217,9 +217,16 @@ class Journal:
                 conn.executemany(_INSERT_UNLINKED, batch)
                 conn.execute(_INSERT, (*last, digest))
             conn.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc):
+                # the batch is not written (rolled back whole); say where the room ran out
+                folder = os.path.dirname(os.path.abspath(self.path))
+                raise JournalError(
+                    f"{self.path}: the disk holding {folder} is full: this commit "
+                    f"(after seq {self.head()[0]}) was not written"
+                ) from exc
             raise
         return written
 
