@@ -99,14 +99,19 @@ class OffloadingHooks:
         #: the worker's methods a lean rank does not observe, as vLLM has them
         self.unobserved: dict[str, Any] = {}
 
-    def patch(self) -> None:
-        sched, worker = self.classes
+    def patch_scheduler_half(self, sched: Any) -> None:
+        """The scheduler half's five hooks (each shape of the connector has them)."""
         around = self.process.patches.around
         around(sched, "__init__", self.init)
         around(sched, "update_state_after_alloc", self.after_alloc)
         around(sched, "build_connector_meta", self.build_connector_meta)
         around(sched, "update_connector_output", self.connector_output)
         around(sched, "request_finished", self.request_finished)
+
+    def patch(self) -> None:
+        sched, worker = self.classes
+        around = self.process.patches.around
+        self.patch_scheduler_half(sched)
         if hasattr(sched, "reset_cache"):  # vLLM #41956 on
             around(sched, "reset_cache", self.reset_cache)
         around(worker, "__init__", self.worker_init)

@@ -115,11 +115,7 @@ class PerRequestHooks(OffloadingHooks):
     def patch(self) -> None:
         sched, worker = self.classes
         around = self.process.patches.around
-        around(sched, "__init__", self.init)
-        around(sched, "update_state_after_alloc", self.after_alloc)
-        around(sched, "build_connector_meta", self.build_connector_meta)
-        around(sched, "update_connector_output", self.connector_output)
-        around(sched, "request_finished", self.request_finished)
+        self.patch_scheduler_half(sched)  # the hooks below are this shape's
         around(worker, "__init__", self.worker_init)
         for name in ("start_load_kv", "start_kv_transfers"):  # 0.13; 0.14 on
             if hasattr(worker, name):
