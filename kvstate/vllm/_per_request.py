@@ -20,11 +20,11 @@ through a per-job view of each step: a request's acknowledgement ends
 every store of that request, each with the completions of every rank, as
 vLLM's output aggregator sums them.
 
-Run here on 0.13.0 and 0.14.0 (``tests/test_vllm_history.py``). Releases
-0.15 to 0.20 keep the same design in two modules (``offloading/scheduler.py``
-and ``offloading/worker.py``, flushes named in the metadata), which
-:func:`classes` and the hooks follow as read from the 0.20.0 wheel; no
-test drives them.
+Run here on 0.13.0, 0.14.0 and 0.20.0 (``tests/test_vllm_history.py``).
+Releases 0.15 to 0.20 keep the same design in two modules
+(``offloading/scheduler.py`` and ``offloading/worker.py``, flushes named in
+the metadata); 0.15 to 0.19 are followed as read from the 0.20.0 wheel, and
+no test drives them.
 
 What these releases do not give the journal: the tier's keys (a store's
 keys are not journaled, so the tier audit and the checks by key are off),
