@@ -31,6 +31,15 @@ _ENDS = "pins_released"
 _CLOSES = frozenset({"engine_idle", "engine_crashed"})
 
 
+def metrics_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` as (host, port), for whoever serves ``/metrics``;
+    :class:`ValueError` for anything else (checked before a file is made)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"metrics takes HOST:PORT (for example 127.0.0.1:9464), not {address!r}")
+    return host.strip("[]"), int(port)
+
+
 @attrs.define
 class Figures:
     """One journal's figures (see the module docstring)."""

@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .figures import Figures
+from .figures import Figures, metrics_address
 
 LABELS = ("run", "role", "journal")
 
@@ -108,12 +108,10 @@ def serve(address: str, collector: Collector) -> Callable[[], None]:
 
     Raises :class:`ValueError` for an address that is not ``HOST:PORT``.
     """
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"--metrics takes HOST:PORT (for example 127.0.0.1:9464), not {address!r}")
+    host, port = metrics_address(address)
     registry = CollectorRegistry(auto_describe=True)
     registry.register(collector)
-    server, thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
+    server, thread = start_http_server(port, addr=host, registry=registry)
 
     def stop() -> None:
         server.shutdown()

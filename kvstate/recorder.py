@@ -37,6 +37,7 @@ from .codec import Entry, refusal, refused
 from .errors import RefusedValueError
 from .events import EVENT_TYPES, JournalOpened
 from .events import Event as _Event
+from .figures import metrics_address
 from .live_counts import LiveCounts
 from .placement import place
 from .violations import Violation, raise_for
@@ -72,12 +73,6 @@ def _close_at_exit() -> None:
             )
             for v in pending:
                 print(f"kvstate:   {v.code} at seq {v.seq}: {v.message}", file=sys.stderr)
-
-
-def _check_address(address: str) -> None:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"metrics takes HOST:PORT (for example 127.0.0.1:9464), not {address!r}")
 
 
 def _log_first(log: logging.Logger, path: str, v: Violation) -> None:
@@ -242,7 +237,7 @@ class Recorder:
         if rotate_bytes is not None or rotate_seconds is not None:
             rotation = Rotation(max_bytes=rotate_bytes, max_seconds=rotate_seconds)
         if metrics is not None:
-            _check_address(metrics)
+            metrics_address(metrics)  # refused before a file exists
         header = JournalOpened(
             version=1,
             block_size=block_size,
