@@ -39,3 +39,10 @@ def link(previous: bytes, rows: Iterable[ChainedRow]) -> bytes:
         update(envelope((seq, kind, step, rank, ts)))
         update(payload)
     return h.digest()
+
+
+def checkpoint_link(previous: bytes, parts: Iterable[bytes]) -> bytes:
+    """The link of a checkpoint (see :mod:`journal.retention`): its parts, in
+    order, after the link before it, as one commit whose rows are the parts
+    (each under its index and the kind ``checkpoint``)."""
+    return link(previous, ((i, "checkpoint", None, None, None, p) for i, p in enumerate(parts)))

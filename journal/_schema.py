@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import msgpack
 
@@ -109,6 +109,44 @@ def segment_row(conn: sqlite3.Connection) -> tuple[int, str, int, bytes, str | N
     if row is None:
         return None
     return int(row[0]), str(row[1]), int(row[2]), bytes(row[3]), row[4]
+
+
+#: the table of a later segment that begins with a checkpoint of the
+#: application's state (see :mod:`journal.retention`): its parts, in order
+CHECKPOINT = "checkpoint"
+
+_CHECKPOINT_TRIGGERS = f"""
+CREATE TRIGGER {CHECKPOINT}_refuse_update BEFORE UPDATE ON {CHECKPOINT}
+BEGIN SELECT RAISE(ABORT, 'a checkpoint is append-only: UPDATE refused'); END;
+CREATE TRIGGER {CHECKPOINT}_refuse_delete BEFORE DELETE ON {CHECKPOINT}
+BEGIN SELECT RAISE(ABORT, 'a checkpoint is append-only: DELETE refused'); END;
+"""
+
+
+def create_checkpoint(conn: sqlite3.Connection, parts: Iterable[bytes]) -> Iterator[bytes]:
+    """Store ``parts`` as this segment's checkpoint (the table made first);
+    the returned iterator inserts each part as it hands it on, so the caller
+    chains them without holding them all, and must exhaust it."""
+    conn.execute(f"CREATE TABLE {CHECKPOINT} (part INTEGER PRIMARY KEY, data BLOB NOT NULL) STRICT")
+    for statement in _CHECKPOINT_TRIGGERS.strip().split("END;"):
+        if statement.strip():
+            conn.execute(statement + "END;")
+    return _inserted(conn, parts)
+
+
+def _inserted(conn: sqlite3.Connection, parts: Iterable[bytes]) -> Iterator[bytes]:
+    for index, part in enumerate(parts):
+        conn.execute(f"INSERT INTO {CHECKPOINT} VALUES (?, ?)", (index, part))
+        yield part
+
+
+def checkpoint_parts(conn: sqlite3.Connection) -> Iterator[bytes] | None:
+    """The parts of this segment's checkpoint in order, or None without one."""
+    try:
+        cursor = conn.execute(f"SELECT data FROM {CHECKPOINT} ORDER BY part")
+    except sqlite3.OperationalError:  # no such table
+        return None
+    return (row[0] for row in cursor)
 
 
 def check(conn: sqlite3.Connection, path: str) -> None:

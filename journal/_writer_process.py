@@ -4,7 +4,8 @@ Run as ``python -m journal._writer_process PATH SYNCHRONOUS CODEC ARG PARENT_PID
 It reads frames from standard input, each one encoded batch handed over by
 the engine process, turns a batch into rows with the application's codec
 (``CODEC`` names ``module:attribute``, called with ``ARG``; it has
-``rows(blob)``, ``committed()``, ``report()`` and ``orphaned(last_seq)``),
+``rows(blob)``, ``committed()``, ``report()`` and ``orphaned(last_seq)``,
+and ``checkpoint()`` where the journal keeps a retention budget),
 appends it to the journal as one commit, tells the codec, and answers on
 standard output when the engine asked to wait, with the codec's report
 (kvstate's: what its audit of the committed records found). The codec's
@@ -75,7 +76,14 @@ def serve(
 ) -> int:
     """The writer's loop; returns the exit status."""
     codec = load(codec_name)(arg)
-    segment = Rotating(Journal(path, synchronous=synchronous), rotation, synchronous=synchronous)
+    # with retention, each new segment begins with the codec's checkpoint
+    checkpoint = codec.checkpoint if rotation is not None and rotation.retains else None
+    segment = Rotating(
+        Journal(path, synchronous=synchronous),
+        rotation,
+        synchronous=synchronous,
+        checkpoint=checkpoint,
+    )
     written = 0
     error: str | None = None
     try:

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -68,6 +70,37 @@ def is_journal_file(path: str | os.PathLike[str]) -> bool:
         return False
 
 
+def _connect_readonly(path: str) -> tuple[sqlite3.Connection, str | None]:
+    """A read-only connection to the journal at ``path``, and the private
+    folder it reads from when it cannot read the file in place.
+
+    A writer killed while SQLite changed the file's journal mode (closing a
+    segment, or opening the next, see :mod:`journal.segments`) leaves a hot
+    rollback journal (``-journal``) beside it, or a header saying WAL with
+    the log already folded in and removed. SQLite cannot read either
+    read-only: it would first roll back, or make a new log. The file is
+    then copied, with what lies beside it, into a private temporary folder
+    and read there, so the user's files are never changed; the folder is
+    removed when the journal is closed.
+    """
+    uri = f"file:{path}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn, None
+    except sqlite3.OperationalError as exc:
+        if "readonly" not in str(exc):
+            raise
+        conn.close()
+    private = tempfile.mkdtemp(prefix="kvstate-journal-")
+    copy = os.path.join(private, os.path.basename(path))
+    for suffix in ("", "-journal", "-wal"):
+        if os.path.exists(path + suffix):
+            shutil.copyfile(path + suffix, copy + suffix)
+    conn = sqlite3.connect(copy, isolation_level=None, check_same_thread=False)
+    return conn, private
+
+
 class Journal:
     """An append-only, hash-chained journal of :class:`Record` in one SQLite file.
 
@@ -89,16 +122,15 @@ class Journal:
         if synchronous not in SYNCHRONOUS:
             raise JournalError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
         self.synchronous = synchronous
+        #: a private copy read where the file cannot be read in place (see _connect_readonly)
+        self._private: str | None = None
         try:
             if readonly:
                 if not os.path.exists(self.path):
                     raise JournalError(f"{self.path}: no such journal")
                 if os.path.isdir(self.path):
                     raise JournalError(f"{self.path}: is a directory, not a journal")
-                uri = f"file:{self.path}?mode=ro"
-                self._conn = sqlite3.connect(
-                    uri, uri=True, isolation_level=None, check_same_thread=False
-                )
+                self._conn, self._private = _connect_readonly(self.path)
             else:
                 self._conn = sqlite3.connect(
                     self.path, isolation_level=None, check_same_thread=False
@@ -123,7 +155,17 @@ class Journal:
             row = _schema.segment_row(self._conn)
         except _UNREADABLE as exc:
             raise JournalError(f"{self.path}: cannot read the segment table: {exc}") from exc
-        return (BEFORE_FIRST, _chain.GENESIS) if row is None else (row[2], row[3])
+        if row is None:
+            return BEFORE_FIRST, _chain.GENESIS
+        # A checkpoint written with this segment is chained like a commit
+        # between the previous segment's last one and this one's first.
+        try:
+            parts = _schema.checkpoint_parts(self._conn)
+            if parts is None:
+                return row[2], row[3]
+            return row[2], _chain.checkpoint_link(row[3], parts)
+        except _UNREADABLE as exc:
+            raise JournalError(f"{self.path}: cannot read the checkpoint: {exc}") from exc
 
     def continue_after(
         self,
@@ -133,20 +175,47 @@ class Journal:
         previous_seq: int,
         previous_link: bytes,
         previous_name: str | None,
+        checkpoint: Iterable[bytes] | None = None,
     ) -> None:
         """Make this new, empty journal segment ``index`` of a rotated journal:
-        its first commit follows ``previous_seq`` and links to ``previous_link``."""
+        its first commit follows ``previous_seq`` and links to ``previous_link``.
+
+        ``checkpoint``: the application's state after ``previous_seq``, in
+        parts, stored with the segment and chained between the two (see
+        :mod:`journal.retention`): what lets the segments before this one be
+        removed. One transaction: the segment is made whole or not at all.
+        """
         if self.readonly or len(self):
             raise JournalError(f"{self.path}: only a new, empty journal can continue another")
-        _schema.create_segment(
-            self._conn,
-            index=index,
-            journal_id=journal_id,
-            previous_seq=previous_seq,
-            previous_link=previous_link,
-            previous_name=previous_name,
-        )
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            _schema.create_segment(
+                conn,
+                index=index,
+                journal_id=journal_id,
+                previous_seq=previous_seq,
+                previous_link=previous_link,
+                previous_name=previous_name,
+            )
+            if checkpoint is not None:
+                for _part in _schema.create_checkpoint(conn, checkpoint):
+                    pass
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
         self._base = self._chain_base()
+
+    def checkpoint(self) -> Iterator[bytes] | None:
+        """The parts of the checkpoint this segment begins with (already
+        verified against the chain when the journal was opened: its link is
+        the one this segment's first commit follows); None without one."""
+        try:
+            return _schema.checkpoint_parts(self._conn)
+        except _UNREADABLE as exc:
+            raise JournalError(f"{self.path}: cannot read the checkpoint: {exc}") from exc
 
     def first_link(self) -> bytes | None:
         """The link of the first commit in this file (None: no commit yet)."""
@@ -428,6 +497,9 @@ class Journal:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.execute("PRAGMA journal_mode = DELETE")
         self._conn.close()
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)
+            self._private = None
 
     def __enter__(self) -> Journal:
         return self

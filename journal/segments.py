@@ -20,10 +20,11 @@ segments, is the digest of its first commit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from .database import BEFORE_FIRST, Journal
 from .errors import JournalError
@@ -54,54 +55,91 @@ def journal_id(first: Journal) -> str:
     return link.hex()
 
 
-def is_later_segment(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is named as a later segment (``NAME.000002.db``)."""
-    match = _LATER.match(os.path.basename(os.fspath(path)))
-    return match is not None and int(match["index"]) > 1
-
-
 class Rotation:
     """When the current segment is closed and the next begun: at ``max_bytes``
     on disk or ``max_seconds`` since it was opened, whichever comes first
     (None: never). Checked at commit boundaries only, so no commit spans two
-    segments."""
+    segments.
 
-    def __init__(self, *, max_bytes: int | None = None, max_seconds: float | None = None) -> None:
-        for name, value in (("max_bytes", max_bytes), ("max_seconds", max_seconds)):
+    ``keep_bytes`` and ``keep_seconds`` add retention (:mod:`journal.retention`):
+    each new segment begins with a checkpoint, and the oldest segments are
+    removed while the journal is over either budget.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_bytes: int | None = None,
+        max_seconds: float | None = None,
+        keep_bytes: int | None = None,
+        keep_seconds: float | None = None,
+    ) -> None:
+        for name, value in (
+            ("max_bytes", max_bytes),
+            ("max_seconds", max_seconds),
+            ("keep_bytes", keep_bytes),
+            ("keep_seconds", keep_seconds),
+        ):
             if value is not None and value <= 0:
                 raise ValueError(f"rotation's {name} must be positive, not {value!r}")
+        if (keep_bytes or keep_seconds) and not (max_bytes or max_seconds):
+            raise ValueError("retention removes whole segments: give a rotation size or age too")
+        if keep_bytes is not None and max_bytes is not None and keep_bytes < 2 * max_bytes:
+            raise ValueError(
+                f"a retention budget of {keep_bytes} bytes cannot hold the segment being "
+                f"written and one before it ({max_bytes} bytes each): keep at least twice "
+                "the rotation size"
+            )
         self.max_bytes = max_bytes
         self.max_seconds = max_seconds
+        self.keep_bytes = keep_bytes
+        self.keep_seconds = keep_seconds
         self._opened = time.monotonic()
 
+    @property
+    def retains(self) -> bool:
+        """Whether old segments are removed (so each new one needs a checkpoint)."""
+        return self.keep_bytes is not None or self.keep_seconds is not None
+
     def spec(self) -> str:
-        """The rotation as one argument (``BYTES,SECONDS``, either empty) for
-        a writer process; :meth:`from_spec` reads it back."""
-        return f"{self.max_bytes or ''},{self.max_seconds or ''}"
+        """The rotation as one argument (``BYTES,SECONDS,KEEP_BYTES,KEEP_SECONDS``,
+        each may be empty) for a writer process; :meth:`from_spec` reads it back."""
+        values = (self.max_bytes, self.max_seconds, self.keep_bytes, self.keep_seconds)
+        return ",".join("" if v is None else str(v) for v in values)
 
     @classmethod
     def from_spec(cls, spec: str) -> Rotation | None:
-        size, _, age = spec.partition(",")
+        size, age, keep_size, keep_age = [*spec.split(","), "", "", ""][:4]
         if not size and not age:
             return None
-        return cls(max_bytes=int(size) if size else None, max_seconds=float(age) if age else None)
+        return cls(
+            max_bytes=int(size) if size else None,
+            max_seconds=float(age) if age else None,
+            keep_bytes=int(keep_size) if keep_size else None,
+            keep_seconds=float(keep_age) if keep_age else None,
+        )
 
     def due(self, journal: Journal) -> bool:
         """Whether ``journal``, the current segment, is to be closed now."""
         if self.max_seconds is not None and time.monotonic() - self._opened >= self.max_seconds:
             return True
         if self.max_bytes is not None:
-            size = sum(
-                os.path.getsize(p)
-                for p in (journal.path, journal.path + "-wal")
-                if os.path.exists(p)
-            )
-            return size >= self.max_bytes
+            return file_bytes(journal.path) >= self.max_bytes
         return False
 
-    def rotate(self, journal: Journal, first: str, index: int, *, synchronous: str) -> Journal:
+    def rotate(
+        self,
+        journal: Journal,
+        first: str,
+        index: int,
+        *,
+        synchronous: str,
+        checkpoint: Iterable[bytes] | None = None,
+    ) -> Journal:
         """Close ``journal`` (segment ``index`` of the journal whose first
-        segment is ``first``) and return the next segment, open for appends.
+        segment is ``first``) and return the next segment, open for appends,
+        beginning with ``checkpoint`` when given (the application's state
+        after the closed segment's last commit).
 
         The next file must not exist: a segment is never overwritten.
         """
@@ -114,7 +152,8 @@ class Rotation:
         if os.path.exists(path):
             raise SegmentError(f"{path}: the next segment exists already; not overwritten")
         # Made whole under a hidden name, then renamed into place: a reader
-        # following the journal never sees a segment without its table.
+        # following the journal never sees a segment without its table, nor
+        # a checkpoint cut short.
         folder, name = os.path.split(path)
         hidden = os.path.join(folder, f".{name}.tmp")
         for leftover in (hidden, hidden + "-wal", hidden + "-shm"):
@@ -127,13 +166,32 @@ class Rotation:
                 previous_seq=seq,
                 previous_link=link,
                 previous_name=os.path.basename(journal.path),
+                checkpoint=checkpoint,
             )
         if os.path.exists(path):  # made meanwhile by someone else: theirs
             os.unlink(hidden)
             raise SegmentError(f"{path}: the next segment exists already; not overwritten")
         os.rename(hidden, path)
+        _sync_folder(folder)  # the new name is durable before anything is removed
         self._opened = time.monotonic()
         return Journal(path, synchronous=synchronous)
+
+
+def file_bytes(path: str) -> int:
+    """A journal file's size on disk, its write-ahead log and shared index included."""
+    total = 0
+    for name in (path, path + "-wal", path + "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            total += os.path.getsize(name)
+    return total
+
+
+def _sync_folder(folder: str) -> None:
+    fd = os.open(folder or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _id_of(journal: Journal, first: str) -> str:
@@ -152,27 +210,93 @@ def segments(first: str | os.PathLike[str]) -> Iterator[Journal]:
 
     Raises :class:`SegmentError` naming the file that does not follow.
     """
-    path = os.fspath(first)
-    journal: Journal | None = open_first(path)
-    index = 1
+    oldest = open_first(os.fspath(first))
+    path = head_name(oldest.path)
+    row = oldest.segment()
+    journal: Journal | None = oldest
+    index, ident = (1, None) if row is None else (row[0], row[1])
     while journal is not None:
         head = journal.head()  # what the next segment must follow
         name = journal.path
         yield journal
         journal.close()
         index += 1
-        journal = open_next(path, index, head, name)
+        journal = open_next(path, index, head, name, ident)
 
 
 def open_first(first: str) -> Journal:
-    """The first segment of a journal, open read-only (refused: a later one)."""
-    if is_later_segment(first):
-        raise SegmentError(f"{first}: a later segment of a journal; give its first segment")
+    """The first segment there is of the journal whose first segment is
+    named ``first``, open read-only.
+
+    That is ``first`` itself, or, once retention removed the journal's head
+    (:mod:`journal.retention`), its oldest remaining segment, which must
+    begin with a checkpoint (given by name, or found from ``first``'s). A
+    later segment named while an older one is there is refused.
+    """
+    head = first_of(first)
+    if head is not None:
+        oldest = _oldest(head)
+        if os.path.exists(head) or oldest is None or not _same(oldest, first):
+            raise SegmentError(
+                f"{first}: a later segment of a journal; give its first segment"
+                + ("" if oldest is None or os.path.exists(head) else f" ({oldest})")
+            )
+        return _open_head(first)
+    if not os.path.exists(first):
+        oldest = _oldest(first)
+        if oldest is not None:
+            return _open_head(oldest)
     journal = Journal(first, readonly=True)
     if journal.segment() is not None:
         journal.close()
         raise SegmentError(f"{first}: a later segment of a journal; give its first segment")
     return journal
+
+
+def _same(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _oldest(first: str) -> str | None:
+    """The oldest later segment of the journal named ``first`` (None: none)."""
+    later = _later_indexes(first)
+    return segment_path(first, later[0]) if later else None
+
+
+def _open_head(path: str) -> Journal:
+    """A later segment that begins what is left of a journal whose head was removed."""
+    journal = Journal(path, readonly=True)
+    if journal.segment() is None or journal.checkpoint() is None:
+        journal.close()
+        raise SegmentError(
+            f"{path}: the segments before it are gone, and it begins with no "
+            "checkpoint to go on from"
+        )
+    return journal
+
+
+def is_start(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is where a journal begins: a first segment, or the
+    oldest remaining segment of one whose head retention removed (a folder's
+    listing shows each journal once, by this file)."""
+    name = os.fspath(path)
+    head = first_of(name)
+    if head is None:
+        return True
+    oldest = _oldest(head)
+    return not os.path.exists(head) and oldest is not None and _same(oldest, name)
+
+
+def is_removed_head(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names the first segment of a journal that retention
+    removed, later segments of which remain (a reader starts at the oldest)."""
+    name = os.fspath(path)
+    return not os.path.exists(name) and first_of(name) is None and _oldest(name) is not None
+
+
+def head_name(path: str) -> str:
+    """The name of segment 1 of the journal ``path`` is a segment of."""
+    return first_of(path) or path
 
 
 def base_seq(journal: Journal) -> int:
@@ -181,11 +305,18 @@ def base_seq(journal: Journal) -> int:
     return BEFORE_FIRST if row is None else row[2]
 
 
-def open_next(first: str, index: int, after: tuple[int, bytes], previous: str) -> Journal | None:
+def open_next(
+    first: str,
+    index: int,
+    after: tuple[int, bytes],
+    previous: str,
+    ident: str | None = None,
+) -> Journal | None:
     """Segment ``index`` (2 or more) of the journal whose first segment is
     ``first``, open read-only and checked to follow ``after`` (the seq and
     link that ``previous``, segment ``index - 1``, ends with); None while
-    there is no such file and no later one.
+    there is no such file and no later one. ``ident``: the journal's id
+    (read from ``first`` when not given; given where the head was removed).
     """
     path = segment_path(first, index)
     if not os.path.exists(path):
@@ -195,8 +326,9 @@ def open_next(first: str, index: int, after: tuple[int, bytes], previous: str) -
                 f"{path}: segment {index} is missing, and segment {beyond[0]} exists"
             )
         return None
-    with Journal(first, readonly=True) as head:
-        ident = journal_id(head)
+    if ident is None:
+        with Journal(first, readonly=True) as head:
+            ident = journal_id(head)
     journal = Journal(path, readonly=True)
     row = journal.segment()
     name = os.path.basename(previous)
@@ -218,6 +350,11 @@ def open_next(first: str, index: int, after: tuple[int, bytes], previous: str) -
     return journal
 
 
+def later_segments(first: str) -> list[str]:
+    """The later segments of the journal whose first segment is named ``first``."""
+    return [segment_path(first, i) for i in _later_indexes(first)]
+
+
 def _later_indexes(first: str) -> list[int]:
     folder = os.path.dirname(first) or "."
     stem, suffix = os.path.splitext(os.path.basename(first))
@@ -233,10 +370,11 @@ def last_seq(first: Journal) -> int:
     """The last seq the journal whose first segment is open as ``first``
     holds, in its last segment (a count, for a progress bar: seqs run 1..N
     across segments). A journal that never rotated is not opened again."""
-    later = _later_indexes(first.path)
-    if not later:
+    name = head_name(first.path)
+    later = _later_indexes(name)
+    if not later or _same(segment_path(name, later[-1]), first.path):
         return first.head()[0]
-    with Journal(segment_path(first.path, later[-1]), readonly=True) as journal:
+    with Journal(segment_path(name, later[-1]), readonly=True) as journal:
         return journal.head()[0]
 
 
@@ -251,21 +389,51 @@ def first_of(path: str | os.PathLike[str]) -> str | None:
 
 
 class Rotating:
-    """The segment a writer appends to now, rotated after a commit when due."""
+    """The segment a writer appends to now, rotated after a commit when due.
 
-    def __init__(self, journal: Journal, rotation: Rotation | None, *, synchronous: str) -> None:
+    ``checkpoint`` gives the application's state after the last commit, in
+    parts; with retention (:attr:`Rotation.retains`) each new segment begins
+    with it, and then the oldest segments over the budget are removed.
+    """
+
+    def __init__(
+        self,
+        journal: Journal,
+        rotation: Rotation | None,
+        *,
+        synchronous: str,
+        checkpoint: Callable[[], Iterable[bytes]] | None = None,
+    ) -> None:
+        if rotation is not None and rotation.retains and checkpoint is None:
+            raise JournalError(
+                f"{journal.path}: retention removes old segments only after a checkpoint "
+                "of the state they folded into; this writer has none to write"
+            )
         self.journal = journal
-        self.first = journal.path
+        self.first = head_name(journal.path)
         self.rotation = rotation
         self.synchronous = synchronous
+        self.checkpoint = checkpoint
         row = journal.segment()
         self.index = 1 if row is None else row[0]
+        #: the files retention removed, oldest first (for the figures and tests)
+        self.removed: list[str] = []
 
     def committed(self) -> None:
         """After a commit: close the segment and begin the next, if due."""
         rotation = self.rotation
-        if rotation is not None and rotation.due(self.journal):
-            self.journal = rotation.rotate(
-                self.journal, self.first, self.index, synchronous=self.synchronous
-            )
-            self.index += 1
+        if rotation is None or not rotation.due(self.journal):
+            return
+        retains = rotation.retains and self.checkpoint is not None
+        self.journal = rotation.rotate(
+            self.journal,
+            self.first,
+            self.index,
+            synchronous=self.synchronous,
+            checkpoint=self.checkpoint() if retains and self.checkpoint else None,
+        )
+        self.index += 1
+        if retains:
+            from .retention import remove_old
+
+            self.removed += remove_old(self.first, self.index, rotation)

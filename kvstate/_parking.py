@@ -22,13 +22,13 @@ that hold them.
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from . import _pickles
 from . import events as ev
 from ._maybe import MaybeSet
 from .rank import BY, ROW, RankState
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from ._ledger_state import LedgerState
     from .rank import RankLedger
 
-_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 #: records between two sweeps that park settled jobs and requests
 SWEEP_EVERY = 4096
@@ -94,6 +93,26 @@ class Parking:
         new._settled_jobs = dict(self._settled_jobs)
         new._settled_requests = dict(self._settled_requests)
         return new
+
+    # -- a checkpoint (kvstate.checkpoint) ---------------------------------------------
+
+    def settled(self) -> tuple[set[str], dict[int, int], dict[str, int]]:
+        """What this parking knows beyond the archive: requests never parked,
+        and since when each job and request has been settled."""
+        return set(self.unparkable), dict(self._settled_jobs), dict(self._settled_requests)
+
+    def resume(self, settled: tuple[set[str], dict[int, int], dict[str, int]]) -> None:
+        """Take back :meth:`settled`'s values (a ledger restored from a checkpoint)."""
+        self.unparkable, self._settled_jobs, self._settled_requests = settled
+
+    def put_parked(self, key: tuple[str, Any], blob: bytes) -> None:
+        """An entity parked before a checkpoint, parked here again as it was."""
+        kind, name = key
+        if kind not in ("job", "request"):
+            raise ValueError(f"a parked entity is a job or a request, not {kind!r}")
+        self.ledger.archive.put((kind, name), blob)
+        (self.jobs if kind == "job" else self.requests).add(name)
+        self.parked += 1
 
     # -- the two calls the fold makes ----------------------------------------------
 
@@ -319,11 +338,11 @@ def pack_job(job: StoreJobState, on_ranks: dict[int, RankJobState]) -> bytes:
     # any other is packed on its own (kept for exactness, never seen in practice).
     own = {r: _rank_job_row(rj) for r, rj in job.ranks.items() if on_ranks.get(r) is not rj}
     shared = tuple(r for r in job.ranks if r not in own)
-    return pickle.dumps((_job_row(job), ranks, shared, own), _PROTOCOL)
+    return _pickles.dumps((_job_row(job), ranks, shared, own))
 
 
 def unpack_job(blob: bytes) -> tuple[StoreJobState, dict[int, RankJobState]]:
-    row, ranks, shared, own = pickle.loads(blob)
+    row, ranks, shared, own = _pickles.loads(blob)
     on_ranks = {r: RankJobState(*values) for r, values in ranks.items()}
     job_ranks = {r: on_ranks[r] for r in shared}
     job_ranks.update((r, RankJobState(*values)) for r, values in own.items())
@@ -335,11 +354,11 @@ def pack_request(request: RequestState, on_ranks: dict[int, RankRequestPart | No
     """A request, its incarnations, and what each rank keeps for it."""
     incarnations = {g: _incarnation_row(inc) for g, inc in request.incarnations.items()}
     parts = {r: _part_row(part) for r, part in on_ranks.items()}
-    return pickle.dumps((_request_row(request), incarnations, parts), _PROTOCOL)
+    return _pickles.dumps((_request_row(request), incarnations, parts))
 
 
 def unpack_request(blob: bytes) -> tuple[RequestState, dict[int, RankRequestPart | None]]:
-    row, incarnations, parts = pickle.loads(blob)
+    row, incarnations, parts = _pickles.loads(blob)
     fields = dict(zip(_REQUEST, row, strict=True))
     incs = {g: Incarnation(*values) for g, values in incarnations.items()}
     on_ranks = {r: _part(part) for r, part in parts.items()}

@@ -129,6 +129,18 @@ class Archive:
     def __len__(self) -> int:
         return self._count
 
+    def items(self) -> Iterator[tuple[Key, bytes]]:
+        """Every parked entity and its blob, left in place (for a checkpoint)."""
+        seen: set[Key] = set()
+        layer: _Layer | None = self._top
+        while layer is not None:
+            for key, blob in layer.own.items():
+                if key not in seen:
+                    yield key, blob
+            seen.update(layer.own)
+            seen.update(layer.gone)
+            layer = layer.below
+
     # -- the key log -----------------------------------------------------------------
 
     def key_written(self, key: str, seq: int, job: int) -> None:
@@ -144,6 +156,16 @@ class Archive:
         if seqs[-1] >= before:
             seqs = tuple(s for s in seqs if s < before)
         return seqs, self._log.first_job[key]
+
+    def key_writes(self) -> Iterator[tuple[str, int, int]]:
+        """The key log as written: ``(key, seq, job)`` in the order folded,
+        each key's first write first (only the first writer's job is kept:
+        a later write's ``job`` is the first's; for a checkpoint)."""
+        log = self._log
+        for key, seqs in log.writers.items():
+            job = log.first_job[key]
+            for seq in seqs:
+                yield key, seq, job
 
     def key_log(self, upto: int) -> dict[str, tuple[tuple[int, ...], int | None]]:
         """The key log as of seq ``upto`` (for equality and views)."""

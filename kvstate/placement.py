@@ -77,6 +77,12 @@ def place(
     folds = auditor.mode == "commit"
     if (metrics is not None or counts is not None) and not process:
         raise ValueError("live figures come from the writer process: open it with process=True")
+    retains = rotation is not None and rotation.retains
+    if retains and not process:
+        raise ValueError(
+            "retention removes segments only after a checkpoint of the fold, which the "
+            "writer process writes: open it with process=True"
+        )
     if process:
         journal.close()
         writer: Writer[Entry] = ProcessWriter(
@@ -87,7 +93,11 @@ def place(
             # read when the process starts (at the first commit), once the
             # ledgers that record here are attached
             codec_arg=lambda: codec_arg(
-                auditor.hand_to_writer(), metrics=metrics, counts=counts, journal=os.fspath(path)
+                auditor.hand_to_writer(),
+                metrics=metrics,
+                counts=counts,
+                journal=os.fspath(path),
+                checkpoints=retains,
             ),
             on_report=lambda report: auditor.add_found(decode_report(report)),
             rotation=rotation,

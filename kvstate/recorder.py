@@ -28,7 +28,7 @@ import uuid
 import weakref
 from collections.abc import Callable
 
-from journal import Journal
+from journal import Journal, segments
 from journal.segments import Rotation
 from journal.writing import Writer
 
@@ -197,6 +197,8 @@ class Recorder:
         live_counts: bool = False,
         rotate_bytes: int | None = None,
         rotate_seconds: float | None = None,
+        retain_bytes: int | None = None,
+        retain_seconds: float | None = None,
     ) -> Recorder:
         """A recorder writing a new journal database at ``path``.
 
@@ -232,10 +234,19 @@ class Recorder:
         segments (``path``, then ``NAME.000002.db``, ...: see
         :mod:`journal.segments`) when the current one reaches that size or
         age; every reader takes the first segment as the whole journal.
+        ``retain_bytes`` and ``retain_seconds`` keep the rotated journal
+        within that many bytes or that age (:mod:`journal.retention`): each
+        new segment begins with a checkpoint of the fold, and the oldest
+        segments are removed; replay goes on from the checkpoint and says so.
         """
         rotation = None
-        if rotate_bytes is not None or rotate_seconds is not None:
-            rotation = Rotation(max_bytes=rotate_bytes, max_seconds=rotate_seconds)
+        if rotate_bytes is not None or rotate_seconds is not None or retain_bytes or retain_seconds:
+            rotation = Rotation(
+                max_bytes=rotate_bytes,
+                max_seconds=rotate_seconds,
+                keep_bytes=retain_bytes,
+                keep_seconds=retain_seconds,
+            )
         if metrics is not None:
             metrics_address(metrics)  # refused before a file exists
         header = JournalOpened(
@@ -252,6 +263,12 @@ class Recorder:
         problem = refusal(header)  # before there is a file: nothing to clean up
         if problem is not None:
             raise RefusedValueError(problem)
+        if segments.later_segments(os.fspath(path)):
+            # its head removed by retention, or a stray segment: either is evidence
+            raise FileExistsError(
+                f"{os.fspath(path)}: later segments of a journal of this name exist; "
+                "a new journal is written under a name of its own"
+            )
         journal = Journal(path, synchronous=synchronous)
         if len(journal):
             journal.close()

@@ -100,6 +100,13 @@ class SpillArchive(Archive):
     def __len__(self) -> int:
         return self._count
 
+    def items(self) -> Iterator[tuple[Key, bytes]]:
+        self._flush_puts()
+        for kind, name, blob in _read(self._db, "SELECT kind, name, blob FROM entities"):
+            if (kind, name) not in self._dead:
+                yield (kind, name), bytes(blob)
+        yield from super().items()
+
     def _flush_puts(self) -> None:
         if not self._puts:
             return
@@ -134,6 +141,12 @@ class SpillArchive(Archive):
         if not rows:
             return later, first_later
         return (*(seq for seq, _ in rows), *later), rows[0][1]
+
+    def key_writes(self) -> Iterator[tuple[str, int, int]]:
+        self._flush_writes()
+        # Writes on disk came first, then those kept in memory.
+        yield from _read(self._db, "SELECT key, seq, job FROM key_writes ORDER BY rowid")
+        yield from super().key_writes()
 
     def key_log(self, upto: int) -> dict[str, tuple[tuple[int, ...], int | None]]:
         self._flush_writes()

@@ -58,6 +58,8 @@ class Code(str, enum.Enum):
     DUPLICATE_RECEIVE = "DUPLICATE_RECEIVE"
     # -- docs/events.md, "Complete and incomplete journals": it ends before the engine --
     UNFINISHED = "UNFINISHED"
+    # -- addition (docs/events.md, "Retention"): the records before a checkpoint are gone --
+    FROM_CHECKPOINT = "FROM_CHECKPOINT"
 
     def __str__(self) -> str:
         return self.value
@@ -70,6 +72,7 @@ WARNING_CODES = frozenset(
         Code.NOTHING_HELD,
         Code.DUPLICATE_RECEIVE,
         Code.UNFINISHED,
+        Code.FROM_CHECKPOINT,
     }
 )
 

@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Optional
 
 import msgspec
@@ -73,13 +74,28 @@ def encode_batch(batch: list[Entry]) -> bytes:
     return _encode(([entry[3].kind for entry in kept], kept))
 
 
-def codec_arg(audit: str, *, metrics: str | None, counts: str | None, journal: str) -> str:
+def codec_arg(
+    audit: str,
+    *,
+    metrics: str | None,
+    counts: str | None,
+    journal: str,
+    checkpoints: bool = False,
+) -> str:
     """What the writer process's :class:`BatchCodec` is built with: the
-    audit's configuration alone, or, with a metrics address or a live
-    counts file (:mod:`kvstate.live_counts`), JSON."""
-    if metrics is None and counts is None:
+    audit's configuration alone, or, with a metrics address, a live counts
+    file (:mod:`kvstate.live_counts`) or checkpoints (retention), JSON."""
+    if metrics is None and counts is None and not checkpoints:
         return audit
-    return json.dumps({"audit": audit, "metrics": metrics, "counts": counts, "journal": journal})
+    return json.dumps(
+        {
+            "audit": audit,
+            "metrics": metrics,
+            "counts": counts,
+            "journal": journal,
+            "checkpoints": checkpoints,
+        }
+    )
 
 
 def encode_report(found: list[Violation]) -> bytes:
@@ -108,10 +124,12 @@ class BatchCodec:
         from .codec import _DECODERS  # the one decoder of each kind
 
         metrics = counts = journal = None
+        checkpoints = False
         if audit.startswith("{"):
             settings = json.loads(audit)
             audit, metrics, journal = settings["audit"], settings["metrics"], settings["journal"]
             counts = settings["counts"]
+            checkpoints = settings.get("checkpoints", False)
         self._decoders = _DECODERS
         self._decode_blob = msgspec.msgpack.Decoder(_Blob).decode
         self._last_step = 0
@@ -121,6 +139,17 @@ class BatchCodec:
             from .spill import SpillArchive
 
             self._auditor = Auditor.remote(audit, SpillArchive())
+        #: the fold a checkpoint is made of (retention: kvstate.checkpoint): the
+        #: audit's where it folds as replay does, else one of its own
+        self._replay_fold: Auditor | None = None
+        if checkpoints:
+            if self._auditor is not None and audit == "scheduler+workers":
+                self._replay_fold = self._auditor
+            else:
+                from .audit import Auditor
+                from .spill import SpillArchive
+
+                self._replay_fold = Auditor.remote("scheduler+workers", SpillArchive())
         #: the decoded entries of the batch being committed (for the audit)
         self._entries: list[Entry] = []
         self._found: list[Violation] = []
@@ -174,7 +203,7 @@ class BatchCodec:
             else:
                 rank = event.rank if event.side == SIDE_WORKER else None
                 row = (seq, kind, step, rank, ts, payload)
-            if self._auditor is not None:
+            if self._auditor is not None or self._replay_fold is not None:
                 audited.append(Entry(seq, step, ts, event))
             if self.figures is not None:
                 self._kinds.append(kind)
@@ -191,6 +220,8 @@ class BatchCodec:
         auditor = self._auditor
         found = [] if auditor is None else auditor.apply_entries(self._entries)
         self._found += found
+        if self._replay_fold is not None and self._replay_fold is not auditor:
+            self._replay_fold.apply_entries(self._entries)
         self._entries = []
         figures = self.figures
         if figures is not None:
@@ -202,6 +233,21 @@ class BatchCodec:
                 figures.bytes = os.path.getsize(figures.journal)
             if self._counts is not None:
                 self._counts.store(figures.folded, figures.first_violation_seq, figures.violations)
+
+    def checkpoint(self) -> Iterator[bytes]:
+        """The fold as it stands after the last commit, in parts (see
+        :mod:`kvstate.checkpoint`): what a new segment begins with when the
+        journal keeps a retention budget (:mod:`journal.retention`)."""
+        from .checkpoint import parts
+        from .ledger import Ledger
+
+        fold = self._replay_fold
+        if fold is None:
+            raise RuntimeError("this codec was not built to write checkpoints")
+        ledger = fold.state()
+        if not isinstance(ledger, Ledger):
+            raise RuntimeError("a checkpoint is of the whole journal's fold")
+        return parts(ledger, fold.violations)
 
     def report(self) -> bytes:
         """What the audit found since the last report."""

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from kvstate import events as ev
+from kvstate.checkpoint import Resumed
 from kvstate.codec import Entry
 from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
@@ -176,8 +177,12 @@ def write_perfetto(paths: Sequence[str], out: TextIO) -> tuple[int, str]:
     trace = _Trace(write)
     ledger = Ledger(archive=SpillArchive())
     violations = 0
+    resumed: Resumed | None = None
     for entry, found in folding(stream, ledger):
         violations += sum(1 for v in found if not v.is_warning)
+        if type(entry.event) is Resumed:
+            resumed = entry.event  # the head was removed: no record to draw
+            continue
         trace.feed(entry, found)
     end = ledger.end()
     if end and ledger.last_seq is not None:
@@ -191,6 +196,8 @@ def write_perfetto(paths: Sequence[str], out: TextIO) -> tuple[int, str]:
     for event in meta:
         write(event)
     verdict = "violations" if violations else "clean"
-    other = {"source": ", ".join(paths), "verdict": verdict}
+    other: dict[str, Any] = {"source": ", ".join(paths), "verdict": verdict}
+    if resumed is not None:
+        other["from_checkpoint"] = {"after_seq": resumed.seq, "message": resumed.describe()}
     out.write(f'\n], "otherData": {json.dumps(other, ensure_ascii=False)}}}\n')
     return trace.count + len(meta), verdict

@@ -30,7 +30,7 @@ from typing import Any
 
 import attrs
 
-from journal import atomic_output
+from journal import atomic_output, segments
 from kvstate import events as ev
 from kvstate.violations import Code
 
@@ -87,8 +87,11 @@ def sources_signature(paths: Sequence[str]) -> str:
     """The journals a facts file stands for: names, sizes and mtimes."""
     parts = []
     for path in paths:
-        stat = os.stat(path)
-        parts.append(f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}")
+        # a rotated journal is its segments (the first may have been removed)
+        files = [p for p in (path, *segments.later_segments(path)) if os.path.exists(p)]
+        for file in files:
+            stat = os.stat(file)
+            parts.append(f"{os.path.abspath(file)}:{stat.st_size}:{stat.st_mtime_ns}")
     return "\n".join(parts)
 
 

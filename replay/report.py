@@ -218,6 +218,13 @@ def summary_line(result: ReplayResult, groups: int | None = None) -> Text:
             "MISSING_REPORT and HELD_FOREVER were not checked",
             style="bold yellow",
         )
+    resumed = result.from_checkpoint
+    if resumed is not None:
+        text.append(
+            f" · FROM_CHECKPOINT: records 1..{resumed.seq} were removed by retention; "
+            "their findings are the checkpoint's",
+            style="bold yellow",
+        )
     if result.warnings:
         text.append(f" · {len(result.warnings)} warning(s)", style="yellow")
     return text

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from journal import RecordError, is_journal_file, segments
 from kvstate import events as ev
+from kvstate.checkpoint import Resumed
 
 from .sources import read_path
 
@@ -34,8 +35,7 @@ def journal_files(paths: Sequence[str]) -> list[str]:
             if hidden or not file.is_file():
                 continue
             # a later segment is read through its journal's first segment
-            first = segments.first_of(name)
-            if first is not None and os.path.exists(first):
+            if not segments.is_start(name):
                 continue
             if name.endswith(_JSONL) or is_journal_file(name):
                 found.append(name)
@@ -48,6 +48,8 @@ def run_of(path: str) -> str:
     """The run a journal belongs to: its header's ``run``, else the file itself."""
     for item in read_path(path):
         header = item.entry.event
+        if isinstance(header, Resumed):  # the head was removed: the checkpoint holds it
+            header = header.header
         if isinstance(header, ev.JournalOpened) and header.run is not None:
             return str(header.run)
         break

@@ -28,6 +28,7 @@ from journal import Journal, RecordError, is_journal_file, read_jsonl_lines, seg
 from journal.database import BEFORE_FIRST
 from journal.jsonl import JsonlReader
 from kvstate import events as ev
+from kvstate.checkpoint import Resumed, header_of
 from kvstate.codec import Entry, from_record, from_stored
 
 from .interleave import interleave
@@ -47,7 +48,7 @@ class Located(NamedTuple):
 
 def _existing(path: str | os.PathLike[str]) -> str:
     name = os.fspath(path)
-    if not os.path.exists(name):
+    if not os.path.exists(name) and not segments.is_removed_head(name):
         raise RecordError("no such file", path=name)
     if os.path.isdir(name):
         raise RecordError("is a directory, not a journal", path=name)
@@ -66,20 +67,55 @@ def read_path(
 
     ``sized`` is told a journal database's record count when it is opened
     (a progress bar's total, read on the same connection as the records).
+
+    A journal whose head retention removed (:mod:`journal.retention`)
+    begins with an item whose event is a :class:`kvstate.checkpoint.Resumed`:
+    the fold restores its ledger from it (:func:`replay.verdict.folding`),
+    other readers take its header or pass it by. It comes once the chain
+    has checked the first commit after it, which links to the checkpoint.
     """
     name = _existing(path)
-    if is_journal_file(name):
-        # A rotated journal is its segments, each following the one before
-        # (journal.segments); one that never rotated is its one file.
-        for index, journal in enumerate(segments.segments(name)):
-            with journal:
-                if index == 0 and sized is not None:
-                    # seqs are 1..N: the last is the count (one open of an unrotated journal)
-                    sized(max(0, segments.last_seq(journal)))
-                yield from _rows(journal, journal.path, BEFORE_FIRST, None)
+    if not os.path.exists(name) or is_journal_file(name):
+        yield from _read_segments(name, sized)
     else:
         for line, record in read_jsonl_lines(name):
             yield Located(from_record(record, path=name, line=line), name, record.seq, line)
+
+
+def _read_segments(name: str, sized: Callable[[int], None] | None) -> Iterator[Located]:
+    # A rotated journal is its segments, each following the one before
+    # (journal.segments); one that never rotated is its one file.
+    pending: Located | None = None
+    for index, journal in enumerate(segments.segments(name)):
+        with journal:
+            if index == 0:
+                if sized is not None:
+                    # seqs run on across segments: the last less the first's base is the count
+                    sized(max(0, segments.last_seq(journal) - max(0, segments.base_seq(journal))))
+                pending = resumed(journal)
+            for item in _rows(journal, journal.path, BEFORE_FIRST, None):
+                if pending is not None:
+                    yield pending  # its checkpoint is verified: the commit linking to it was
+                    pending = None
+                yield item
+    if pending is not None:
+        yield pending
+
+
+def resumed(journal: Journal) -> Located | None:
+    """The checkpoint the first remaining segment of a journal begins with,
+    when the segments before it were removed."""
+    row = journal.segment()
+    parts = journal.checkpoint() if row is not None else None
+    if row is None or parts is None:
+        return None
+    seq = row[2]
+    first = next(iter(parts), None)
+    if first is None:
+        raise RecordError("the checkpoint is empty", path=journal.path, seq=seq)
+    header = header_of(journal.path, seq, first)
+    resumed = Resumed(seq, journal.path, row[0], header, journal.checkpoint)  # type: ignore[arg-type]
+    return Located(Entry(seq, 0, None, resumed), journal.path, seq, None)  # type: ignore[arg-type]
 
 
 class Origin:
@@ -105,6 +141,13 @@ def _first(path: str) -> Located | None:
     return None
 
 
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # a removed head (journal.retention): compared by name
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
 def _one_run(paths: Sequence[str], firsts: Sequence[Located | None], mixed_runs: bool) -> None:
     """Refuse to merge what is not one run's journals, each once.
 
@@ -116,10 +159,18 @@ def _one_run(paths: Sequence[str], firsts: Sequence[Located | None], mixed_runs:
     """
     for i, path in enumerate(paths):
         for earlier in paths[:i]:
-            if os.path.samefile(path, earlier):
+            if _same_file(path, earlier):
                 raise RecordError(
                     f"named twice (also as {earlier}): a journal merges once", path=path
                 )
+    for path, first in zip(paths, firsts, strict=True):
+        if first is not None and isinstance(first.entry.event, Resumed):
+            raise RecordError(
+                f"its records 1..{first.seq} were removed by retention, and its checkpoint is "
+                "the fold of this journal alone: it is not merged with others (replay it by "
+                "itself)",
+                path=path,
+            )
     seen_run: tuple[str, object] | None = None
     seen_role: dict[tuple[object, object], str] = {}
     for path, first in zip(paths, firsts, strict=True):
@@ -155,7 +206,9 @@ def checked(items: Iterator[Located], what: str) -> Iterator[Located]:
     header: ev.JournalOpened | None = None
     for item in items:
         event = item.entry.event
-        if header is None or type(event) is ev.JournalOpened:
+        if header is None and type(event) is Resumed:
+            header = event.header  # the head was removed: the checkpoint holds it
+        elif header is None or type(event) is ev.JournalOpened:
             problem = ev.header_problem(header, event)
             if problem is not None:
                 raise RecordError(problem, path=item.path, line=item.line, seq=item.seq)
@@ -206,10 +259,27 @@ def open_stream(
     return checked(merged(), ", ".join(paths)), origin
 
 
-def entries(paths: Sequence[str], *, mixed_runs: bool = False) -> Iterator[Entry]:
-    """The entries of ``paths`` in replay order (merged positions when several)."""
+def entries(
+    paths: Sequence[str], *, mixed_runs: bool = False, resumed: bool = False
+) -> Iterator[Entry]:
+    """The entries of ``paths`` in replay order (merged positions when several).
+
+    A journal whose head retention removed is refused (what is written from
+    these is a journal of its own, which would lack the checkpoint), unless
+    ``resumed``: then its records are given without it (a listing).
+    """
     stream, _ = open_stream(list(paths), mixed_runs=mixed_runs)
-    return (item.entry for item in stream)
+    for item in stream:
+        if type(item.entry.event) is Resumed:
+            if resumed:
+                continue
+            raise RecordError(
+                f"its records 1..{item.seq} were removed by retention: what remains begins "
+                "with a checkpoint, not a record, and is not written out as a journal of "
+                "its own (kvstate replay and export read it as it is)",
+                path=item.path,
+            )
+        yield item.entry
 
 
 def collect(paths: Sequence[str], seqs: set[int]) -> dict[int, Entry]:
@@ -222,7 +292,8 @@ def collect(paths: Sequence[str], seqs: set[int]) -> dict[int, Entry]:
     if not seqs:
         return found
     last = max(seqs)
-    for entry in entries(paths):
+    stream, _ = open_stream(list(paths))
+    for entry in (item.entry for item in stream if type(item.entry.event) is not Resumed):
         if entry.seq in seqs:
             found[entry.seq] = entry
         if entry.seq >= last:
@@ -259,11 +330,20 @@ class _DatabaseRecords:
         first = segments.open_first(path)
         #: each segment's journal and the last seq before its first record, in order
         self._parts: list[tuple[int, Journal]] = [(segments.base_seq(first), first)]
+        # where the head was removed (journal.retention), the oldest segment left
+        row = first.segment()
+        self._head = segments.head_name(first.path)
+        self._index = 1 if row is None else row[0]
+        self._ident: str | None = None if row is None else row[1]
+        #: the checkpoint the records begin after (None: they begin at the header)
+        self.resumed = resumed(first)
 
     def _open_next(self) -> bool:
         """Open the next segment, if it exists now (a rotation while followed)."""
         journal = self._parts[-1][1]
-        nxt = segments.open_next(self.path, len(self._parts) + 1, journal.head(), journal.path)
+        nxt = segments.open_next(
+            self._head, self._index + len(self._parts), journal.head(), journal.path, self._ident
+        )
         if nxt is None:
             return False
         self._parts.append((segments.base_seq(nxt), nxt))
@@ -354,6 +434,6 @@ def open_records(paths: Sequence[str]) -> Records:
     if len(paths) > 1:
         return _MergedRecords(list(paths))
     name = _existing(paths[0])
-    if is_journal_file(name):
+    if not os.path.exists(name) or is_journal_file(name):
         return _DatabaseRecords(name)
     return _LineRecords(name)

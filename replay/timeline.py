@@ -86,7 +86,7 @@ def build(paths: Sequence[str], *, req: str | None = None, job: int | None = Non
         raise ValueError("give exactly one of req and job")
     result = replay(list(paths))
     wanted = selector(req, job)
-    selected = [e for e in entries(paths) if wanted(e.event)]
+    selected = [e for e in entries(paths, resumed=True) if wanted(e.event)]
     seqs = {e.seq for e in selected}
     marks: dict[int, list[Violation]] = {}
     for v in result.violations:

@@ -30,7 +30,7 @@ from kvstate.ledger import PARK_AFTER, SWEEP_EVERY, Ledger
 from kvstate.violations import CODE_ORDER, Code, Violation
 
 from .sources import open_records
-from .verdict import folding
+from .verdict import folding, resume
 
 #: records between two checks of a fold's ``cancel``
 _CANCEL_EVERY = 256
@@ -73,7 +73,15 @@ class TimeTravel:
         # Both park settled state in memory (snapshots copy it packed), so a
         # snapshot costs what is live, not the whole history.
         first = Ledger(archive=Archive(), park_after=park_after, sweep_every=sweep_every)
-        self._snapshots: list[tuple[int, Ledger]] = [(BEFORE_FIRST, first)]
+        #: the seq the records begin after: where retention removed the head
+        #: (journal.retention), the checkpoint's, which the first ledger is
+        self.first_seq = BEFORE_FIRST
+        resumed = getattr(self.records, "resumed", None)
+        if resumed is not None:
+            for v in resume(first, resumed):
+                (self.warnings.append(v) if v.is_warning else self._add_violation(v))
+            self.first_seq = self.indexed_seq = resumed.seq
+        self._snapshots: list[tuple[int, Ledger]] = [(self.first_seq, first)]
         self._index_ledger = first.snapshot()
         self._cursor: tuple[int, Ledger] | None = None
         #: a ledger folded in advance, behind the cursor (see :meth:`prepare`)
@@ -209,7 +217,7 @@ class TimeTravel:
         far is kept as the starting point of the next call.
         """
         with self._fold_lock:
-            seq = max(BEFORE_FIRST, min(seq, self.last_seq))
+            seq = max(self.first_seq, min(seq, self.last_seq))
             base_seq, ledger = self._start_for(seq, self._cursor, self._spare)
             reached = self._fold(ledger, base_seq, seq, cancel)
             # what was folded so far is the start of the next call
@@ -226,7 +234,7 @@ class TimeTravel:
         ``cancel`` stops it is kept: it is still a nearer start.
         """
         with self._fold_lock:
-            seq = max(BEFORE_FIRST, min(seq, self.last_seq))
+            seq = max(self.first_seq, min(seq, self.last_seq))
             for held in (self._cursor, self._spare):
                 if held is not None and held[0] == seq:
                     return

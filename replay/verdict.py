@@ -10,6 +10,7 @@ import attrs
 
 from journal import RecordError
 from kvstate.archive import Archive
+from kvstate.checkpoint import Resumed, restore
 from kvstate.codec import Entry
 from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
@@ -52,6 +53,12 @@ class ReplayResult:
         return any(w.code is Code.UNFINISHED for w in self.warnings)
 
     @property
+    def from_checkpoint(self) -> Violation | None:
+        """The ``FROM_CHECKPOINT`` warning when the journal's head was removed
+        by retention (the verdict covers those records as its checkpoint tells)."""
+        return next((w for w in self.warnings if w.code is Code.FROM_CHECKPOINT), None)
+
+    @property
     def verdict(self) -> str:
         return "violations" if self.violations else "clean"
 
@@ -82,6 +89,9 @@ class ReplayResult:
         }
         if self.at is None:
             out["unfinished"] = self.unfinished
+        resumed = self.from_checkpoint
+        if resumed is not None:
+            out["from_checkpoint"] = {"after_seq": resumed.seq, "message": resumed.message}
         if len(self.paths) > 1:
             out["merged"] = list(self.paths)
         if self.at is not None:
@@ -137,11 +147,51 @@ def folding(items: Iterable[Located], ledger: Ledger) -> Iterator[tuple[Entry, l
     """
     for item in items:
         entry = item.entry
+        if type(entry.event) is Resumed:
+            # the journal's head was removed (journal.retention): the fold goes
+            # on from its checkpoint, and the findings before it come first
+            yield entry, resume(ledger, item)
+            continue
         try:
             found = ledger.apply(entry.seq, entry.step, entry.event)
         except RecordError as exc:
             raise exc.located(path=item.path, line=item.line, seq=item.seq) from None
         yield entry, found
+
+
+def resume(ledger: Ledger, item: Located) -> list[Violation]:
+    """Restore ``ledger`` (nothing folded yet) from the checkpoint ``item``
+    carries; returns the findings of the removed records, and a warning
+    (``FROM_CHECKPOINT``) that the verdict covers them only as the
+    checkpoint tells them."""
+    resumed: Resumed = item.entry.event  # type: ignore[assignment]
+    if ledger.records:
+        raise RecordError("a checkpoint after records: not where a journal begins",
+                          path=item.path, seq=item.seq)  # fmt: skip
+    try:
+        found = restore(ledger, resumed)
+    except RecordError:
+        raise
+    except Exception as exc:  # a checkpoint of the right form holding the wrong values
+        raise RecordError(
+            f"the checkpoint cannot be restored: {type(exc).__name__}: {exc}",
+            path=item.path,
+            seq=item.seq,
+        ) from None
+    note = Violation(Code.FROM_CHECKPOINT, resumed.seq, resumed.describe())
+    return [*found, note]
+
+
+def _known_at(items: Iterable[Located], at: int) -> Iterator[Located]:
+    """``items``, refused when ``at`` is before the checkpoint they begin with."""
+    for item in items:
+        if type(item.entry.event) is Resumed and at < item.seq:
+            raise RecordError(
+                f"--at {at}: records 1..{item.seq} were removed by retention; the ledger "
+                f"is known from seq {item.seq} on",
+                path=item.path,
+            )
+        yield item
 
 
 def fold_located(
@@ -165,8 +215,12 @@ def fold_located(
     warnings: list[Violation] = []
     events = 0
     if at is not None:
-        items = itertools.takewhile(lambda item: item.entry.seq <= at, items)
+        items = itertools.takewhile(lambda item: item.entry.seq <= at, _known_at(items, at))
     for entry, found in folding(items, ledger):
+        if type(entry.event) is Resumed:
+            warnings += [v for v in found if v.is_warning]
+            violations += [v for v in found if not v.is_warning]
+            continue  # not a record: the removed records' findings
         if progress is not None and events % PROGRESS_EVERY == 0:
             progress(events)
         events += 1

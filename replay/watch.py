@@ -16,7 +16,6 @@ there. The seconds of audit lag are wall time, for an alert.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -26,13 +25,25 @@ import attrs
 
 from journal import JournalError, RecordError, is_journal_file, segments
 from kvstate import events as ev
+from kvstate.checkpoint import Resumed
 from kvstate.codec import from_stored
 from kvstate.figures import Figures
 from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
+from kvstate.violations import Code
+
+from .sources import resumed
+from .verdict import resume
 
 #: rows folded per journal per poll at most (the others' turn comes in between)
 CHUNK = 20_000
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # the files are the engine's: retention removes the oldest
+        return 0
 
 
 class _Followed:
@@ -40,16 +51,38 @@ class _Followed:
     segment as the writer rotates into it (journal.segments)."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
         self.journal = segments.open_first(path)
-        self.index = 1
+        # the first segment's name, even where retention removed it
+        self.path = segments.head_name(self.journal.path)
+        row = self.journal.segment()
+        self._ident: str | None = None if row is None else row[1]
+        self.index = 1 if row is None else row[0]
         self.last = 0
         self.ledger: Ledger | None = None
         self.figures = Figures(journal=path)
+        self.figures.segments = self.index
+        self._resume()
+
+    def _resume(self) -> None:
+        """Where the head was removed (journal.retention): go on from the checkpoint."""
+        item = resumed(self.journal)
+        if item is None:
+            return
+        event: Resumed = item.entry.event  # type: ignore[assignment]
+        f = self.figures
+        f.header(event.header)
+        self.last = event.seq
+        if f.audited:
+            self.ledger = Ledger(archive=SpillArchive())
+            found = resume(self.ledger, item)
+            self.ledger.observes_workers = not f.role  # as the live audit judges it
+            f.fold([], [v for v in found if v.code is not Code.FROM_CHECKPOINT], self.ledger)
 
     def _next_segment(self) -> bool:
         """Go on to the next segment once the writer began it (the current one is whole)."""
-        nxt = segments.open_next(self.path, self.index + 1, self.journal.head(), self.journal.path)
+        nxt = segments.open_next(
+            self.path, self.index + 1, self.journal.head(), self.journal.path, self._ident
+        )
         if nxt is None:
             return False
         self.journal.close()
@@ -68,11 +101,9 @@ class _Followed:
             if self.last >= self.journal.head()[0]:
                 self._next_segment()
             f.written = max(0, self.journal.head()[0])
-            with contextlib.suppress(OSError):  # the files are the engine's: they may go
-                f.bytes = sum(
-                    os.path.getsize(segments.segment_path(self.path, i))
-                    for i in range(1, self.index + 1)
-                )
+            f.bytes = sum(
+                _size(segments.segment_path(self.path, i)) for i in range(1, self.index + 1)
+            )
             for seq, kind, step, rank, ts, payload in self.journal.stored_rows(
                 after=self.last, upto=self.last + CHUNK
             ):
@@ -127,9 +158,8 @@ class Watcher:
                 continue
             if not is_journal_file(name):
                 continue
-            first = segments.first_of(name)
-            if first is not None and os.path.exists(first):
-                continue  # followed through its first segment
+            if not segments.is_start(name):
+                continue  # followed through its first segment (or its oldest one left)
             try:
                 followed = _Followed(name)
             except (JournalError, RecordError, OSError) as exc:

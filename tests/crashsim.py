@@ -26,15 +26,29 @@ import time
 from journal import Journal
 from kvstate import JobSpec, Recorder, SchedulerLedger, WorkerLedger
 
+#: the rotation and retention of ``writer="retain"``: a segment every few
+#: steps, so that a kill at a random moment often lands in a rotation
+RETAIN = {"rotate_bytes": 65_536, "retain_bytes": 3 * 65_536}
+
 
 def drive(
     path: str, report_fd: int, seed: int, synchronous: str = "NORMAL", writer: str = "thread"
 ) -> None:
     """Write steps forever (until killed), reporting each committed seq on ``report_fd``
-    (and first, with the writer process, ``pid N``: that process's id)."""
+    (and first, with the writer process, ``pid N``: that process's id).
+
+    ``writer="retain"``: the writer process, rotating into small segments and
+    removing the oldest (:data:`RETAIN`); each step's commit waits until it
+    is durable before its seq is reported, since the kill is for the writer."""
     rng = random.Random(seed)
+    retain = writer == "retain"
     rec = Recorder.open(
-        path, block_size=4, world_size=2, synchronous=synchronous, process=writer == "process"
+        path,
+        block_size=4,
+        world_size=2,
+        synchronous=synchronous,
+        process=writer in ("process", "retain"),
+        **(RETAIN if retain else {}),  # type: ignore[arg-type]
     )
     sched = SchedulerLedger(rec)
     workers = [WorkerLedger(r, rec) for r in range(2)]
@@ -42,9 +56,11 @@ def drive(
     running: dict[str, list[int]] = {}
     n = 0
     while True:
+        if retain:
+            rec.commit()  # returns once durable in the writer process
         committed = rec.recorded  # every record so far: begin_step commits them
         step = sched.begin_step()
-        if step == 1 and writer == "process":  # it starts at the first commit
+        if step == 1 and writer in ("process", "retain"):  # it starts at the first commit
             os.write(report_fd, f"pid {rec.writer.pid}\n".encode())  # type: ignore[union-attr]
         os.write(report_fd, f"{committed}\n".encode())
         for w in workers:
@@ -106,6 +122,87 @@ def check(path: str, committed: int, writer: str = "thread") -> int:
         elif found:
             raise AssertionError(f"{path}: violations after a kill: {found[:3]}")
     return len(seqs)
+
+
+def check_retained(path: str, committed: int) -> tuple[int, bool]:
+    """Verify a journal whose writer process was killed while it rotated and
+    removed segments; returns (records it holds, whether its head was removed).
+
+    Every later segment begins with a checkpoint; what remains reads as one
+    chain from the oldest segment's checkpoint (or the header) to a last seq
+    at or after the last durable commit; replay restores the checkpoint and
+    finds nothing but the journal's unfinished end.
+    """
+    from journal import segments
+    from kvstate.checkpoint import Resumed
+    from kvstate.violations import Code
+    from replay import replay
+    from replay.sources import read_path
+
+    for later in segments.later_segments(path):
+        with Journal(later, readonly=True) as journal:
+            if journal.checkpoint() is None:
+                raise AssertionError(f"{later}: a later segment without its checkpoint")
+    items = list(read_path(path))  # every segment's chain verified, and each link between
+    resumed = items[0].entry.event if items and type(items[0].entry.event) is Resumed else None
+    start = resumed.seq if resumed is not None else 0
+    seqs = [item.seq for item in items if type(item.entry.event) is not Resumed]
+    if seqs != list(range(start + 1, start + 1 + len(seqs))):
+        raise AssertionError(f"{path}: seqs are not {start + 1}..{start + len(seqs)}")
+    last = seqs[-1] if seqs else start
+    if last < committed:
+        raise AssertionError(
+            f"{path}: commit of seq {committed} was durable, journal ends at {last}"
+        )
+    result = replay([path])
+    if result.violations:
+        raise AssertionError(f"{path}: violations after a kill: {result.violations[:3]}")
+    codes = {w.code for w in result.warnings}
+    if not codes <= {Code.UNFINISHED, Code.FROM_CHECKPOINT} or Code.UNFINISHED not in codes:
+        raise AssertionError(f"{path}: not read as unfinished: {result.warnings[:3]}")
+    return len(seqs), resumed is not None
+
+
+def kill_writer_once(folder: str, seed: int) -> tuple[int, int, bool, bool]:
+    """Run ``writer="retain"``, SIGKILL its writer process at a random moment
+    (a rotation or a removal, often), then the engine; check the journal.
+
+    Returns (last durable seq, records found, head removed, killed mid-rotation:
+    the next segment's hidden file was left half made).
+    """
+    rng = random.Random(seed)
+    path = os.path.join(folder, f"kill-{seed}.db")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        try:
+            drive(path, write_fd, seed, writer="retain")
+        finally:
+            os._exit(3)
+    os.close(write_fd)
+    data = b""
+    while b"pid " not in data or not data.endswith(b"\n"):
+        chunk = os.read(read_fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    writer = int(data.split(b"pid ")[1].split()[0])
+    time.sleep(rng.uniform(0.05, 0.6))  # several rotations in
+    os.kill(writer, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    while chunk := os.read(read_fd, 65536):
+        data += chunk
+    os.close(read_fd)
+    committed = max((int(x) for x in data.decode().splitlines() if x.isdigit()), default=0)
+    while not _gone(writer):
+        time.sleep(0.01)
+    found, removed = check_retained(path, committed)
+    half_made = any(
+        name.startswith(f".kill-{seed}.") and ".tmp" in name for name in os.listdir(folder)
+    )
+    return committed, found, removed, half_made
 
 
 def _gone(pid: int) -> bool:

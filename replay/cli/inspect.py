@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from journal import JournalError, RecordError
+from journal import JournalError, RecordError, segments
 
 from ..report import report_console
 from ._common import (
@@ -46,7 +46,7 @@ def add_parser(sub: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     """The terminal UI, or with --once the overview and violations as text."""
     for path in args.paths:
-        if not os.path.exists(path):
+        if not os.path.exists(path) and not segments.is_removed_head(path):
             return unusable(RecordError("no such file", path=path), as_json=False)
     if args.follow and len(args.paths) > 1:
         print("kvstate: error: --follow takes one journal", file=sys.stderr)

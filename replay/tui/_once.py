@@ -16,6 +16,7 @@ import attrs
 from rich.console import Console
 from rich.text import Text
 
+from kvstate.checkpoint import Resumed
 from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
 from kvstate.violations import CODE_ORDER, Code
@@ -40,6 +41,8 @@ class OnceIndex:
     counted: dict[Code, list[int]]
     indexed: bool = True
     error: Exception | None = None
+    #: where retention removed the journal's head, the checkpoint's seq (else 0)
+    first_seq: int = 0
 
     @property
     def indexed_seq(self) -> int:
@@ -57,17 +60,22 @@ def index_once(paths: Sequence[str]) -> OnceIndex:
     kinds: Counter[str] = Counter()
     spool = ViolationSpool()
     counted: dict[Code, list[int]] = {}
-    last = 0
+    last = first_seq = 0
     for entry, found in folding(stream, ledger):
-        kinds[entry.event.kind] += 1
         last = entry.seq
+        if type(entry.event) is Resumed:
+            first_seq = entry.seq  # the head was removed: the records begin after it
+        else:
+            kinds[entry.event.kind] += 1
         for v in found:
             if v.is_warning:
                 continue
             spool.add(v.seq, v.code.value, v.message)
             n = counted.setdefault(v.code, [0, v.seq])
             n[0] += 1
-    return OnceIndex(", ".join(paths), last, kinds, bool(ledger.end()), spool, counted)
+    return OnceIndex(
+        ", ".join(paths), last, kinds, bool(ledger.end()), spool, counted, first_seq=first_seq
+    )
 
 
 def print_once(console: Console, paths: Sequence[str], limit: int | None = 20) -> int:

@@ -105,6 +105,8 @@ class Indexed(Protocol):
     path: str
     last_seq: int
     error: Exception | None
+    #: the seq the records begin after (0, or a checkpoint's: journal.retention)
+    first_seq: int
 
     @property
     def kinds(self) -> Mapping[str, int]: ...
@@ -136,6 +138,11 @@ def overview(tt: Indexed) -> RenderableType:
         verdict.append(f"{len(tt.violations):,} violation(s)", style="bold red")
     else:
         verdict.append("clean", style="bold green")
+    if tt.first_seq > 0:
+        verdict.append(
+            f" · FROM_CHECKPOINT: records 1..{tt.first_seq} were removed by retention",
+            style="bold yellow",
+        )
     if tt.indexed and tt.error is None and tt.unfinished:
         verdict.append(
             " · UNFINISHED: the journal ends before engine_idle; end-of-run checks did not run",

@@ -1,0 +1,100 @@
+"""Retention: a rotated journal keeps at most so many bytes, or hours.
+
+A journal that rotates (:mod:`journal.segments`) can also keep a budget
+(:class:`~journal.segments.Rotation`'s ``keep_bytes`` and ``keep_seconds``).
+Then every new segment begins with a *checkpoint*: the application's state
+after the last commit of the segment before it, handed over in parts by the
+writer and stored in the segment's ``checkpoint`` table. The checkpoint is
+chained like a commit: its link covers its parts and the previous segment's
+last link, and the new segment's first commit links to it, so a changed
+checkpoint breaks the chain where the segment's records begin.
+
+After each rotation, whole segments are removed, oldest first, while the
+journal is over its budget, and only where the segment after the one
+removed begins with a checkpoint: what the removed records folded into is
+never lost. The current segment is never removed. The byte budget counts
+the current segment at its full size (the rotation size), so the journal on
+disk stays within ``keep_bytes`` between rotations too; the age budget
+removes a segment once its last write is older than ``keep_seconds``.
+
+A reader given the journal's first segment, or its folder, then starts at
+the oldest remaining segment (:func:`journal.segments.open_first`) and the
+application goes on from its checkpoint. The order of the steps is what a
+kill at any moment cannot break: the new segment is made whole under a
+hidden name, its checkpoint in the same transaction, renamed into place and
+the folder synced, and only then is the oldest file removed; a kill between
+two removals leaves a shorter run of segments that still begins with a
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from typing import TYPE_CHECKING
+
+from ._schema import CHECKPOINT, SEGMENT
+
+if TYPE_CHECKING:
+    from .segments import Rotation
+
+
+def remove_old(first: str, current: int, rotation: Rotation) -> list[str]:
+    """Remove the oldest segments of the journal whose first segment is named
+    ``first`` while it is over ``rotation``'s budget; ``current`` is the
+    index of the segment written now. Returns the files removed."""
+    from .segments import _later_indexes, _sync_folder, file_bytes, segment_path
+
+    indexes = ([1] if os.path.exists(first) else []) + _later_indexes(first)
+    sizes = {i: file_bytes(segment_path(first, i)) for i in indexes}
+    # the current segment counts at the size it may reach before the next rotation
+    room = max(sizes.get(current, 0), rotation.max_bytes or 0)
+    total = sum(size for i, size in sizes.items() if i != current) + room
+    ident = _journal_id(segment_path(first, current))
+    removed: list[str] = []
+    for index in indexes:
+        if index >= current:
+            break
+        path = segment_path(first, index)
+        over = rotation.keep_bytes is not None and total > rotation.keep_bytes
+        old = (
+            rotation.keep_seconds is not None
+            and time.time() - os.path.getmtime(path) > rotation.keep_seconds
+        )
+        if not (over or old):
+            break
+        after = segment_path(first, index + 1)
+        if not _begins_with_checkpoint(after, ident):
+            break  # what this segment folded into is nowhere else: kept
+        if index > 1 and _journal_id(path) != ident:
+            break  # not this journal's (never removed: it is not ours)
+        for name in (path, path + "-wal", path + "-shm"):
+            if os.path.exists(name):
+                os.unlink(name)
+        removed.append(path)
+        total -= sizes[index]
+    if removed:
+        _sync_folder(os.path.dirname(first))
+    return removed
+
+
+def _query(path: str, sql: str) -> list[tuple[object, ...]]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql).fetchall()
+    except sqlite3.Error:
+        return []
+    finally:
+        conn.close()
+
+
+def _journal_id(path: str) -> str | None:
+    rows = _query(path, f"SELECT journal_id FROM {SEGMENT}")
+    return str(rows[0][0]) if rows else None
+
+
+def _begins_with_checkpoint(path: str, ident: str | None) -> bool:
+    if not os.path.exists(path) or _journal_id(path) != ident:
+        return False
+    return bool(_query(path, f"SELECT 1 FROM {CHECKPOINT} LIMIT 1"))

@@ -1,0 +1,425 @@
+"""Retention: a rotated journal keeps a budget, and replay goes on from a checkpoint.
+
+The legacy simulator run (203 violations) is recorded again through a
+writer process that rotates into small segments and keeps at most a few of
+them: its head is removed, the oldest segment left begins with a checkpoint
+of the fold, and every reader takes what is left as the journal. Replay
+restores the checkpoint and reaches the very violations of the unrotated
+twin (those of the removed records carried by the checkpoint), and says
+that it went on from a checkpoint (``FROM_CHECKPOINT``), never a plain
+verdict over records it did not see.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import shutil
+import sqlite3
+import zlib
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from journal import Journal, JournalError, RecordError
+from journal import segments as seg
+from journal.segments import Rotating, Rotation, SegmentError
+
+ROTATE, RETAIN = 131_072, 400_000
+
+
+def _record(plain: Path, out: Path, sizes: list[int] | None = None, **settings: object) -> None:
+    """``plain``'s records recorded again at ``out``, a commit per engine step;
+    ``sizes`` gets the journal's bytes on disk after each commit."""
+    from kvstate import Recorder
+    from replay.sources import entries
+
+    records = iter(entries([str(plain)]))
+    header = next(records).event
+    rec = Recorder.open(
+        out,
+        block_size=header.block_size,
+        world_size=header.world_size,
+        policy=header.policy,
+        engine=header.engine,
+        run=header.run,
+        **settings,  # type: ignore[arg-type]
+    )
+    step = 0
+    for entry in records:
+        if entry.step != step:
+            rec.commit()
+            step = entry.step
+            if sizes is not None:
+                sizes.append(_on_disk(out.parent))
+        rec.record(entry.event, entry.step)
+    rec.close(raise_found=False)
+
+
+def _on_disk(folder: Path) -> int:
+    total = 0
+    for p in folder.iterdir():
+        with contextlib.suppress(FileNotFoundError):  # removed by retention meanwhile
+            total += p.stat().st_size
+    return total
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[int]]:
+    from replay.cli import main
+
+    folder = tmp_path_factory.mktemp("retained")
+    plain = folder / "plain" / "legacy.db"
+    plain.parent.mkdir()
+    main(["run", "--journal", str(plain), "--policy", "legacy", "--seed", "3", "--requests", "40"])
+    kept = folder / "kept" / "legacy.db"
+    kept.parent.mkdir()
+    sizes: list[int] = []
+    _record(plain, kept, sizes, rotate_bytes=ROTATE, retain_bytes=RETAIN)
+    return plain, kept, sizes
+
+
+def _findings(result: object) -> list[tuple[object, int, str]]:
+    return [(v.code, v.seq, v.message) for v in result.violations]  # type: ignore[attr-defined]
+
+
+def test_the_head_is_removed_and_what_is_left_begins_with_a_checkpoint(
+    twins: tuple[Path, Path, list[int]],
+) -> None:
+    _, kept, _ = twins
+    assert not kept.exists()  # the first segment went
+    left = seg.later_segments(str(kept))
+    assert len(left) >= 2
+    for path in left:
+        with Journal(path, readonly=True) as journal:
+            assert journal.checkpoint() is not None
+
+
+def test_disk_stays_within_the_budget(twins: tuple[Path, Path, list[int]]) -> None:
+    _, kept, sizes = twins
+    # the budget counts the segment being written at its full size; a commit
+    # may cross the rotation size before the rotation that follows it
+    assert max(sizes) <= RETAIN + 32_768
+    assert _on_disk(kept.parent) <= RETAIN
+
+
+def test_replay_from_the_checkpoint_reaches_the_verdicts_of_the_unrotated_twin(
+    twins: tuple[Path, Path, list[int]],
+) -> None:
+    from kvstate.violations import Code
+    from replay.verdict import replay
+
+    plain, kept, _ = twins
+    a, b = replay([str(plain)]), replay([str(kept)])
+    assert a.violations and _findings(a) == _findings(b)
+    notes = [w for w in b.warnings if w.code is Code.FROM_CHECKPOINT]
+    assert len(notes) == 1 and b.from_checkpoint is notes[0]
+    assert [w for w in b.warnings if w is not notes[0]] == a.warnings
+    assert b.events == a.events - notes[0].seq  # the records it read: those left
+    assert b.exit_status == a.exit_status == 1
+
+
+def test_its_verdict_and_json_say_it_went_on_from_a_checkpoint(
+    twins: tuple[Path, Path, list[int]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from replay.cli import main
+
+    _, kept, _ = twins
+    assert main(["replay", "--json", str(kept)]) == 1
+    out = json.loads(capsys.readouterr().out)
+    seq = out["from_checkpoint"]["after_seq"]
+    assert seq > 0 and "removed by retention" in out["from_checkpoint"]["message"]
+    assert any(w["code"] == "FROM_CHECKPOINT" for w in out["warnings"])
+    assert main(["replay", str(kept)]) == 1
+    assert f"FROM_CHECKPOINT: records 1..{seq} were removed" in capsys.readouterr().out
+
+
+def test_a_clean_run_with_its_head_removed_is_never_plain_clean(tmp_path: Path) -> None:
+    from replay.cli import main
+    from replay.verdict import replay
+
+    plain = tmp_path / "plain" / "kvstate.db"
+    plain.parent.mkdir()
+    main(["run", "--journal", str(plain), "--policy", "kvstate", "--seed", "3", "--requests", "40"])
+    kept = tmp_path / "kept" / "kvstate.db"
+    kept.parent.mkdir()
+    _record(plain, kept, rotate_bytes=ROTATE, retain_bytes=RETAIN)
+    a, b = replay([str(plain)]), replay([str(kept)])
+    assert not kept.exists() and not a.violations and not b.violations
+    assert a.from_checkpoint is None and b.from_checkpoint is not None
+    assert b.to_dict()["from_checkpoint"]["after_seq"] == b.from_checkpoint.seq
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["replay", "{first}"],
+        ["replay", "{folder}"],
+        ["replay", "{oldest}"],
+        ["timeline", "{first}", "--req", "req-39"],
+        ["export", "{first}", "{out}", "--format", "perfetto"],
+        ["inspect", "{first}", "--once"],
+        ["watch", "{folder}", "--once"],
+        ["fleet-check", "{folder}", "--workers", "1"],
+    ],
+    ids=lambda c: f"{c[0]}-{c[1].strip('{}')}",
+)
+def test_every_reader_takes_what_is_left_as_the_journal(
+    twins: tuple[Path, Path, list[int]],
+    command: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from replay.cli import main
+
+    _, kept, _ = twins
+    oldest = seg.later_segments(str(kept))[0]
+    out = tmp_path / "out.json"
+    argv = [a.format(first=kept, folder=kept.parent, oldest=oldest, out=out) for a in command]
+    if command[0] == "fleet-check":
+        argv[1:1] = ["--facts", str(tmp_path / "facts")]
+    status = main(argv)
+    text = capsys.readouterr().out
+    assert status == (0 if command[0] == "export" else 1), text
+    if command[0] == "timeline":
+        assert "req-39" in text
+    if command[0] == "export":
+        other = json.loads(out.read_text())["otherData"]
+        assert other["verdict"] == "violations" and "after_seq" in other["from_checkpoint"]
+    if command[0] == "inspect":
+        assert "FROM_CHECKPOINT" in text
+    if command[0] == "watch":
+        assert "1 journal(s)" in text and "203 violation(s)" in text
+
+
+def test_what_cannot_stand_alone_is_refused_by_name(
+    twins: tuple[Path, Path, list[int]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Converting what is left would write a journal without its checkpoint;
+    merging it with another would mix a fold of one journal into another's."""
+    from replay.cli import main
+
+    plain, kept, _ = twins
+    assert main(["export", str(kept), str(tmp_path / "o.jsonl"), "--format", "jsonl"]) == 2
+    assert "removed by retention" in capsys.readouterr().err
+    assert main(["replay", str(kept), str(plain)]) == 2
+    assert "not merged with others" in capsys.readouterr().err
+
+
+def test_replay_at_a_seq_before_the_checkpoint_is_refused(
+    twins: tuple[Path, Path, list[int]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from replay.cli import main
+
+    _, kept, _ = twins
+    assert main(["replay", str(kept), "--at", "5"]) == 2
+    assert "were removed by retention" in capsys.readouterr().err
+
+
+def test_time_travel_after_the_checkpoint_sees_the_twins_ledger(
+    twins: tuple[Path, Path, list[int]],
+) -> None:
+    from kvstate._ledger_state import folded_state
+    from replay.timetravel import TimeTravel
+
+    plain, kept, _ = twins
+    a, b = TimeTravel(str(plain)), TimeTravel(str(kept))
+    try:
+        assert b.first_seq > 0
+        for seq in (b.first_seq, b.first_seq + 7, b.last_seq):
+            left, right = a.ledger_at(seq).whole(), b.ledger_at(seq).whole()
+            assert folded_state(left)[:-1] == folded_state(right)[:-1]
+        b.index()
+        a.index()
+        assert [(v.code, v.seq) for v in a.violations] == [(v.code, v.seq) for v in b.violations]
+    finally:
+        a.stop()
+        b.stop()
+
+
+# -- the checkpoint is input: chained, and read with care ---------------------------------
+
+
+def test_a_changed_checkpoint_breaks_the_chain_where_its_segment_begins(
+    twins: tuple[Path, Path, list[int]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from replay.cli import main
+
+    _, kept, _ = twins
+    copy = tmp_path / "kept"
+    shutil.copytree(kept.parent, copy)
+    oldest = seg.later_segments(str(copy / kept.name))[0]
+    conn = sqlite3.connect(oldest)
+    conn.execute("DROP TRIGGER checkpoint_refuse_update")  # the test's own copy
+    part = conn.execute("SELECT data FROM checkpoint WHERE part = 0").fetchone()[0]
+    state = pickle.loads(zlib.decompress(part))
+    state[2]["records"] += 1  # one record more than was folded
+    changed = zlib.compress(pickle.dumps(state, pickle.HIGHEST_PROTOCOL))
+    conn.execute("UPDATE checkpoint SET data = ? WHERE part = 0", (changed,))
+    conn.commit()
+    conn.close()
+    assert main(["replay", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert os.path.basename(oldest) in err and "hash chain" in err
+
+
+def test_a_checkpoint_that_names_a_callable_is_refused_and_nothing_runs(tmp_path: Path) -> None:
+    from kvstate import _pickles
+    from kvstate.checkpoint import Resumed, restore
+    from kvstate.events import JournalOpened
+    from kvstate.ledger import Ledger
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, ...]:
+            return (os.system, (f"touch {marker}",))
+
+    blob = zlib.compress(pickle.dumps(("ledger", 1, {"x": Evil()}, {}, None, [])))
+    header = JournalOpened(version=1, block_size=4, world_size=1)
+    resumed = Resumed(7, "seg.db", 2, header, lambda: iter([blob]))
+    with pytest.raises(RecordError, match=r"seg\.db \(seq 7\).*may not name"):
+        restore(Ledger(), resumed)
+    with pytest.raises(pickle.UnpicklingError):
+        _pickles.loads(pickle.dumps(Evil()))  # what the parking unpacks goes the same way
+    assert not marker.exists()
+
+
+def test_a_segment_left_without_its_head_and_without_a_checkpoint_is_named(
+    tmp_path: Path,
+) -> None:
+    first = tmp_path / "engine.db"
+    rotation = Rotation(max_bytes=16_384)
+    journal = Journal(first)
+    for c in range(40):
+        pack = msgpack.packb
+        journal.append_rows([(c * 10 + i, "k", c, None, c, pack({"n": i})) for i in range(1, 11)])
+        if rotation.due(journal):
+            journal = rotation.rotate(journal, str(first), seg.segment_path(str(first), 1) and
+                                      _index(journal), synchronous="NORMAL")  # fmt: skip
+    journal.close()
+    first.unlink()  # the test's own file: a head removed without retention
+    with pytest.raises(SegmentError, match="begins with no checkpoint"):
+        list(seg.segments(first))
+
+
+def _index(journal: Journal) -> int:
+    row = journal.segment()
+    return 1 if row is None else row[0]
+
+
+# -- the journal layer, by itself ---------------------------------------------------------
+
+
+def _rotating(first: Path, rotation: Rotation) -> Rotating:
+    def checkpoint() -> list[bytes]:
+        return [b"state-after-%d" % rotating.journal.head()[0], b"more"]
+
+    rotating = Rotating(Journal(first), rotation, synchronous="NORMAL", checkpoint=checkpoint)
+    return rotating
+
+
+def test_retention_by_age_removes_segments_older_than_the_budget(tmp_path: Path) -> None:
+    first = tmp_path / "engine.db"
+    rotating = _rotating(first, Rotation(max_bytes=16_384, keep_seconds=3600))
+    pack = msgpack.packb
+    for c in range(30):
+        rotating.journal.append_rows([(c * 10 + i, "k", c, None, c, pack({"n": "x" * 200}))
+                                      for i in range(1, 11)])  # fmt: skip
+        rotating.committed()
+        if c == 20:  # every closed segment so far is made two hours old
+            for path in [str(first), *seg.later_segments(str(first))]:
+                if path != rotating.journal.path:
+                    os.utime(path, (0, os.path.getmtime(path) - 7200))
+    rotating.journal.close()
+    assert rotating.removed and not first.exists()
+    left = seg.later_segments(str(first))
+    assert len(left) >= 2 and all(p not in rotating.removed for p in left)
+    # what is left reads as one chain from its checkpoint
+    seqs = []
+    for n, journal in enumerate(seg.segments(first)):
+        with journal:
+            assert n > 0 or journal.checkpoint() is not None
+            seqs += [row[0] for row in journal.stored_rows()]
+    assert seqs == list(range(seqs[0], 301)) and seqs[0] > 1
+
+
+def test_retention_is_refused_where_it_cannot_hold(tmp_path: Path) -> None:
+    from kvstate import Recorder
+
+    with pytest.raises(ValueError, match="twice the rotation size"):
+        Rotation(max_bytes=100_000, keep_bytes=150_000)
+    with pytest.raises(ValueError, match="rotation size or age"):
+        Rotation(keep_bytes=1_000_000)
+    with pytest.raises(JournalError, match="has none to write"):
+        Rotating(Journal(tmp_path / "a.db"), Rotation(max_bytes=10, keep_bytes=20),
+                 synchronous="NORMAL")  # fmt: skip
+    with pytest.raises(ValueError, match="process=True"):
+        Recorder.open(tmp_path / "b.db", block_size=4, world_size=1, process=False,
+                      rotate_bytes=ROTATE, retain_bytes=RETAIN)  # fmt: skip
+
+
+def test_a_new_journal_is_not_begun_beside_the_segments_of_an_old_one(
+    twins: tuple[Path, Path, list[int]],
+) -> None:
+    from kvstate import Recorder
+
+    _, kept, _ = twins
+    before = sorted(os.listdir(kept.parent))
+    with pytest.raises(FileExistsError, match="later segments of a journal of this name"):
+        Recorder.open(kept, block_size=4, world_size=1)
+    assert sorted(os.listdir(kept.parent)) == before
+
+
+# -- a kill at any point of rotation or retention ----------------------------------------
+
+
+def test_sigkills_of_the_writer_during_rotation_and_retention_lose_nothing(
+    tmp_path: Path,
+) -> None:
+    """The writer process itself is killed, every few rotations in: what is
+    left opens from its oldest segment's checkpoint, every later segment has
+    its checkpoint, the chain holds across them, every durable commit is
+    there, and replay finds nothing but the unfinished end."""
+    from tests import crashsim
+
+    heads = half_made = 0
+    for seed in range(24):
+        committed, found, removed, half = crashsim.kill_writer_once(str(tmp_path), seed)
+        assert found > 0 and committed > 0
+        heads += removed
+        half_made += half
+    assert heads >= 12  # most kills came after retention had removed the head
+    assert half_made >= 1  # and some in the middle of making the next segment
+
+
+def test_a_file_left_with_a_hot_rollback_journal_is_read_without_changing_it(
+    tmp_path: Path,
+) -> None:
+    """A writer killed while SQLite changed a segment's journal mode leaves a
+    hot ``-journal``: SQLite cannot read that read-only. The reader reads a
+    private copy, and the user's files stay as they were."""
+    path = tmp_path / "h.db"
+    with Journal(path) as journal:
+        journal.append_rows([(1, "k", None, None, None, {"a": 1})])
+    pid = os.fork()
+    if pid == 0:  # a transaction half done, then killed
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("DROP TRIGGER records_refuse_delete")
+        conn.execute("DELETE FROM records")
+        conn.execute("PRAGMA cache_size = 1")
+        for i in range(2000):  # pages spill into the file before any commit
+            conn.execute(f"CREATE TABLE IF NOT EXISTS t{i % 50} (x)")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    hot = path.with_name("h.db-journal")
+    before = (path.read_bytes(), hot.read_bytes())
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute("SELECT * FROM records")
+    with Journal(path, readonly=True) as journal:
+        assert [r.payload for r in journal.records()] == [{"a": 1}]
+    assert (path.read_bytes(), hot.read_bytes()) == before
