@@ -5,7 +5,8 @@ It reads frames from standard input, each one encoded batch handed over by
 the engine process, turns a batch into rows with the application's codec
 (``CODEC`` names ``module:attribute``, called with ``ARG``; it has
 ``rows(blob)``, ``committed()``, ``report()`` and ``orphaned(last_seq)``,
-and ``checkpoint()`` where the journal keeps a retention budget),
+``checkpoint()`` where the journal keeps a retention budget, and, if it
+likes, ``rotated(index, path, removed)`` after each rotation),
 appends it to the journal as one commit, tells the codec, and answers on
 standard output when the engine asked to wait, with the codec's report
 (kvstate's: what its audit of the committed records found). The codec's
@@ -83,6 +84,7 @@ def serve(
         rotation,
         synchronous=synchronous,
         checkpoint=checkpoint,
+        on_rotate=getattr(codec, "rotated", None),
     )
     written = 0
     error: str | None = None

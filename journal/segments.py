@@ -403,6 +403,7 @@ class Rotating:
         *,
         synchronous: str,
         checkpoint: Callable[[], Iterable[bytes]] | None = None,
+        on_rotate: Callable[[int, str, list[str]], None] | None = None,
     ) -> None:
         if rotation is not None and rotation.retains and checkpoint is None:
             raise JournalError(
@@ -414,6 +415,9 @@ class Rotating:
         self.rotation = rotation
         self.synchronous = synchronous
         self.checkpoint = checkpoint
+        #: told after each rotation: the new segment's index and file, and what
+        #: retention removed then
+        self.on_rotate = on_rotate
         row = journal.segment()
         self.index = 1 if row is None else row[0]
         #: the files retention removed, oldest first (for the figures and tests)
@@ -433,7 +437,11 @@ class Rotating:
             checkpoint=self.checkpoint() if retains and self.checkpoint else None,
         )
         self.index += 1
+        removed: list[str] = []
         if retains:
             from .retention import remove_old
 
-            self.removed += remove_old(self.first, self.index, rotation)
+            removed = remove_old(self.first, self.index, rotation)
+            self.removed += removed
+        if self.on_rotate is not None:
+            self.on_rotate(self.index, self.journal.path, removed)

@@ -129,13 +129,18 @@ class Archive:
     def __len__(self) -> int:
         return self._count
 
-    def items(self) -> Iterator[tuple[Key, bytes]]:
-        """Every parked entity and its blob, left in place (for a checkpoint)."""
+    def items(self, newest: int | None = None) -> Iterator[tuple[Key, bytes]]:
+        """The parked entities and their blobs, left in place (for a checkpoint):
+        every one, or about the ``newest`` parked last."""
         seen: set[Key] = set()
         layer: _Layer | None = self._top
+        given = 0
         while layer is not None:
-            for key, blob in layer.own.items():
+            for key, blob in reversed(layer.own.items()):
                 if key not in seen:
+                    if newest is not None and given >= newest:
+                        return
+                    given += 1
                     yield key, blob
             seen.update(layer.own)
             seen.update(layer.gone)
@@ -157,10 +162,12 @@ class Archive:
             seqs = tuple(s for s in seqs if s < before)
         return seqs, self._log.first_job[key]
 
-    def key_writes(self) -> Iterator[tuple[str, int, int]]:
+    def key_writes(self, newest: int | None = None) -> Iterator[tuple[str, int, int]]:
         """The key log as written: ``(key, seq, job)`` in the order folded,
         each key's first write first (only the first writer's job is kept:
-        a later write's ``job`` is the first's; for a checkpoint)."""
+        a later write's ``job`` is the first's; for a checkpoint). This
+        in-memory log is given whole (``newest`` bounds what a spilled one
+        gives: the newest writes)."""
         log = self._log
         for key, seqs in log.writers.items():
             job = log.first_job[key]

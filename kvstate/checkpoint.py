@@ -42,6 +42,13 @@ from .violations import Violation
 FORMAT = 1
 #: parked entities or key writes per part
 _CHUNK = 4096
+#: the history a checkpoint carries: the newest parked jobs and requests, and
+#: the newest key writes. What is live is always carried whole; settled
+#: history beyond these is forgotten, so a checkpoint, and what a journal
+#: keeps, stays bounded however long the engine runs (a later record naming
+#: a forgotten job is judged as naming one never enqueued: CAUSALITY)
+NEWEST_PARKED = 1_000_000
+NEWEST_KEY_WRITES = 4_000_000
 #: the ledger fields stored as they are (the rank ledgers are stored by their state)
 _FIELDS = tuple(
     f.name for f in attrs.fields(LedgerState) if f.metadata.get(FOLDED) and f.name != "ranks"
@@ -49,8 +56,16 @@ _FIELDS = tuple(
 _RANK_FIELDS = tuple(f.name for f in attrs.fields(RankState))
 
 
-def parts(ledger: LedgerState, found: Iterable[Violation]) -> Iterator[bytes]:
-    """The checkpoint of ``ledger`` (and of ``found``, every finding so far), in parts."""
+def parts(
+    ledger: LedgerState,
+    found: Iterable[Violation],
+    *,
+    newest_parked: int = NEWEST_PARKED,
+    newest_key_writes: int = NEWEST_KEY_WRITES,
+) -> Iterator[bytes]:
+    """The checkpoint of ``ledger`` (and of ``found``, every finding so far), in
+    parts, carrying at most the newest ``newest_parked`` parked entities and
+    ``newest_key_writes`` key writes of its history."""
     state: dict[str, Any] = {name: getattr(ledger, name) for name in _FIELDS}
     state["reported_once"] = frozenset(ledger.reported_once)
     ranks = {
@@ -59,10 +74,11 @@ def parts(ledger: LedgerState, found: Iterable[Violation]) -> Iterator[bytes]:
     }
     parking = ledger.parking
     settled = parking.settled() if isinstance(parking, Parking) else None
+    forgotten = max(0, len(ledger.archive) - newest_parked)
     # One pickle: a job's per-rank states stay the very objects its ranks hold.
-    yield _dumps(("ledger", FORMAT, state, ranks, settled, list(found)))
+    yield _dumps(("ledger", FORMAT, state, ranks, settled, list(found), forgotten))
     chunk: list[Any] = []
-    for item in ledger.archive.items():
+    for item in ledger.archive.items(newest_parked):
         chunk.append(item)
         if len(chunk) >= _CHUNK:
             yield _dumps(("parked", chunk))
@@ -70,7 +86,7 @@ def parts(ledger: LedgerState, found: Iterable[Violation]) -> Iterator[bytes]:
     if chunk:
         yield _dumps(("parked", chunk))
         chunk = []
-    for write in ledger.archive.key_writes():
+    for write in ledger.archive.key_writes(newest_key_writes):
         chunk.append(write)
         if len(chunk) >= _CHUNK:
             yield _dumps(("keys", chunk))
@@ -92,6 +108,8 @@ class Resumed:
     header: ev.JournalOpened
     #: the checkpoint's parts, read from the open segment (once)
     read_parts: Callable[[], Iterator[bytes]] = attrs.field(repr=False)
+    #: settled jobs and requests the checkpoint no longer carries (see NEWEST_PARKED)
+    forgotten: int = 0
     #: the findings of the removed records (filled by :func:`restore`)
     found: list[Violation] = attrs.field(factory=list, repr=False)
 
@@ -100,19 +118,26 @@ class Resumed:
         return "checkpoint"
 
     def describe(self) -> str:
+        forgot = (
+            f"; it carries the newest of the settled history, {self.forgotten} older settled "
+            "jobs and requests are not judged again"
+            if self.forgotten
+            else ""
+        )
         return (
             f"records 1..{self.seq} were removed by retention; the fold went on from the "
-            f"checkpoint stored with {self.path} (segment {self.segment})"
+            f"checkpoint stored with {self.path} (segment {self.segment}){forgot}"
         )
 
 
-def header_of(path: str, seq: int, first_part: bytes) -> ev.JournalOpened:
-    """The journal's header, as the checkpoint's ledger state holds it."""
-    state = _ledger_part(path, seq, first_part)[2]
-    header = state.get("header")
+def summary_of(path: str, seq: int, first_part: bytes) -> tuple[ev.JournalOpened, int]:
+    """The journal's header, as the checkpoint's ledger state holds it, and
+    how many settled jobs and requests the checkpoint no longer carries."""
+    value = _ledger_part(path, seq, first_part)
+    header = value[2].get("header")
     if not isinstance(header, ev.JournalOpened):
         raise RecordError("the checkpoint holds no journal_opened header", path=path, seq=seq)
-    return header
+    return header, int(value[6])
 
 
 def restore(ledger: LedgerState, resumed: Resumed) -> list[Violation]:
@@ -127,7 +152,7 @@ def restore(ledger: LedgerState, resumed: Resumed) -> list[Violation]:
     first = next(parts_iter, None)
     if first is None:
         raise RecordError("the checkpoint is empty", path=path, seq=seq)
-    _tag, _format, state, ranks, settled, found = _ledger_part(path, seq, first)
+    _tag, _format, state, ranks, settled, found, _forgotten = _ledger_part(path, seq, first)
     for name in _FIELDS:
         if name in state and name != "reported_once":
             setattr(ledger, name, state[name])
@@ -163,7 +188,7 @@ def restore(ledger: LedgerState, resumed: Resumed) -> list[Violation]:
 
 def _ledger_part(path: str, seq: int, blob: bytes) -> tuple[Any, ...]:
     value = _loads(path, seq, blob)
-    if not (isinstance(value, tuple) and len(value) == 6 and value[0] == "ledger"):
+    if not (isinstance(value, tuple) and len(value) == 7 and value[0] == "ledger"):
         raise RecordError("the checkpoint does not begin with the ledger", path=path, seq=seq)
     if value[1] != FORMAT:
         raise RecordError(
@@ -171,7 +196,11 @@ def _ledger_part(path: str, seq: int, blob: bytes) -> tuple[Any, ...]:
             path=path,
             seq=seq,
         )
-    if not isinstance(value[2], dict) or not isinstance(value[3], dict):
+    if (
+        not isinstance(value[2], dict)
+        or not isinstance(value[3], dict)
+        or type(value[6]) is not int
+    ):
         raise RecordError("the checkpoint's ledger is malformed", path=path, seq=seq)
     return value
 

@@ -54,6 +54,8 @@ class Figures:
     written: int = 0
     bytes: int = 0
     segments: int = 1
+    #: segments retention removed (journal.retention)
+    segments_removed: int = 0
     violations: Counter[str] = attrs.field(factory=Counter)
     first_violation_seq: int | None = None
     jobs_in_flight: int = 0

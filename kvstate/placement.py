@@ -98,6 +98,7 @@ def place(
                 counts=counts,
                 journal=os.fspath(path),
                 checkpoints=retains,
+                budget=rotation.keep_bytes if rotation is not None else None,
             ),
             on_report=lambda report: auditor.add_found(decode_report(report)),
             rotation=rotation,

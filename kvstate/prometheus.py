@@ -7,24 +7,25 @@ path that writes or folds records. Every family is labelled with the
 journal's ``run``, ``role`` and file (``journal``); counters end in
 ``_total``, sizes say their unit.
 
-==================================  =======  ====================================
-metric                              type     what
-==================================  =======  ====================================
-kvstate_records_total               counter  records folded (or counted, a rank's)
-kvstate_journal_records             gauge    records the file holds
-kvstate_journal_bytes               gauge    the file's size on disk
-kvstate_journal_segments            gauge    segments the journal is made of
-kvstate_violations_total            counter  findings by ``code``
-kvstate_first_violation_seq         gauge    seq of the first finding (absent: none)
-kvstate_jobs_in_flight              gauge    jobs enqueued and not yet ended
-kvstate_pins_held                   gauge    jobs whose device blocks are pinned
-kvstate_audit_lag_records           gauge    records written, not yet folded
-kvstate_audit_lag_seconds           gauge    how long the fold has been behind
-kvstate_journal_open                gauge    1 until engine_idle or engine_crashed
-kvstate_journal_readable            gauge    0 once a record cannot be read on
-kvstate_writer_up                   gauge    1 while the watcher or writer runs
-kvstate_disk_budget_bytes           gauge    the bytes the folder may hold (if set)
-==================================  =======  ====================================
+======================================  =======  =======================================
+metric                                  type     what
+======================================  =======  =======================================
+kvstate_records_total                   counter  records folded (or counted, a rank's)
+kvstate_journal_records                 gauge    records the file holds
+kvstate_journal_bytes                   gauge    the file's size on disk
+kvstate_journal_segments                gauge    segments the journal is made of
+kvstate_journal_segments_removed_total  counter  segments retention removed
+kvstate_violations_total                counter  findings by ``code``
+kvstate_first_violation_seq             gauge    seq of the first finding (absent: none)
+kvstate_jobs_in_flight                  gauge    jobs enqueued and not yet ended
+kvstate_pins_held                       gauge    jobs whose device blocks are pinned
+kvstate_audit_lag_records               gauge    records written, not yet folded
+kvstate_audit_lag_seconds               gauge    how long the fold has been behind
+kvstate_journal_open                    gauge    1 until engine_idle or engine_crashed
+kvstate_journal_readable                gauge    0 once a record cannot be read on
+kvstate_writer_up                       gauge    1 while the watcher or writer runs
+kvstate_disk_budget_bytes               gauge    the bytes the folder may hold (if set)
+======================================  =======  =======================================
 
 ``prometheus_client`` is imported here only, and ``import kvstate`` never
 imports this module.
@@ -68,6 +69,11 @@ class FiguresCollector(Collector):
         written = gauge("kvstate_journal_records", "Records the journal file holds")
         size = gauge("kvstate_journal_bytes", "The journal file's size on disk")
         segments = gauge("kvstate_journal_segments", "Segments the journal is made of")
+        removed = CounterMetricFamily(
+            "kvstate_journal_segments_removed",
+            "Segments retention removed, oldest first, each after a checkpoint",
+            labels=LABELS,
+        )
         violations = CounterMetricFamily(
             "kvstate_violations", "Findings of the audit, by code", labels=(*LABELS, "code")
         )
@@ -84,6 +90,7 @@ class FiguresCollector(Collector):
             written.add_metric(labels, f.written)
             size.add_metric(labels, f.bytes)
             segments.add_metric(labels, f.segments)
+            removed.add_metric(labels, f.segments_removed)
             for code, n in sorted(f.violations.items()):
                 violations.add_metric([*labels, code], n)
             if f.first_violation_seq is not None:
@@ -94,7 +101,8 @@ class FiguresCollector(Collector):
             lag_s.add_metric(labels, f.lag_seconds())
             open_.add_metric(labels, 0 if f.closed else 1)
             readable.add_metric(labels, 0 if f.error else 1)
-        yield from (records, written, size, segments, violations, first, in_flight, pins)
+        yield from (records, written, size, segments, removed, violations, first, in_flight)
+        yield pins
         yield from (lag, lag_s, open_, readable)
         yield GaugeMetricFamily("kvstate_writer_up", "1 while the watcher or writer runs", 1)
         if self.budget is not None:

@@ -37,6 +37,7 @@ from .tempdb import BATCH as _BATCH
 from .tempdb import insert as _insert
 from .tempdb import open_temp as _open
 from .tempdb import read as _read
+from .tempdb import stream as _stream
 
 
 class SpillArchive(Archive):
@@ -100,12 +101,20 @@ class SpillArchive(Archive):
     def __len__(self) -> int:
         return self._count
 
-    def items(self) -> Iterator[tuple[Key, bytes]]:
+    def items(self, newest: int | None = None) -> Iterator[tuple[Key, bytes]]:
         self._flush_puts()
-        for kind, name, blob in _read(self._db, "SELECT kind, name, blob FROM entities"):
+        # what went to memory (after the disk failed) is the newest of all
+        kept = 0
+        for item in super().items(newest):
+            kept += 1
+            yield item
+        if newest is not None and kept >= newest:
+            return
+        limit = -1 if newest is None else newest - kept
+        query = "SELECT kind, name, blob FROM entities ORDER BY rowid DESC LIMIT ?"
+        for kind, name, blob in _stream(self._db, query, (limit,)):
             if (kind, name) not in self._dead:
                 yield (kind, name), bytes(blob)
-        yield from super().items()
 
     def _flush_puts(self) -> None:
         if not self._puts:
@@ -142,10 +151,14 @@ class SpillArchive(Archive):
             return later, first_later
         return (*(seq for seq, _ in rows), *later), rows[0][1]
 
-    def key_writes(self) -> Iterator[tuple[str, int, int]]:
+    def key_writes(self, newest: int | None = None) -> Iterator[tuple[str, int, int]]:
         self._flush_writes()
         # Writes on disk came first, then those kept in memory.
-        yield from _read(self._db, "SELECT key, seq, job FROM key_writes ORDER BY rowid")
+        query = (
+            "SELECT key, seq, job FROM (SELECT rowid AS r, key, seq, job FROM key_writes "
+            "ORDER BY rowid DESC LIMIT ?) ORDER BY r"
+        )
+        yield from _stream(self._db, query, (-1 if newest is None else newest,))
         yield from super().key_writes()
 
     def key_log(self, upto: int) -> dict[str, tuple[tuple[int, ...], int | None]]:

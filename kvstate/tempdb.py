@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Iterator
 from typing import Any
 
 from .errors import TemporaryStorageError
@@ -48,6 +49,22 @@ def insert(db: sqlite3.Connection | None, sql: str, rows: list[Any]) -> bool:
             pass
         return False
     return True
+
+
+def stream(db: sqlite3.Connection | None, sql: str, args: tuple[Any, ...] = ()) -> Iterator[Any]:
+    """:func:`read`, a batch of rows at a time (what would not fit in memory at once)."""
+    if db is None:
+        return
+    try:
+        cursor = db.execute(sql, args)
+        while rows := cursor.fetchmany(BATCH):
+            yield from rows
+    except sqlite3.Error as exc:
+        raise TemporaryStorageError(
+            f"kvstate's temporary storage in {_where()} cannot be read back "
+            f"({exc}): free space there or set TMPDIR to a roomier place; the journal is "
+            "not at fault"
+        ) from exc
 
 
 def _where() -> str:

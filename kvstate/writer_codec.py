@@ -25,7 +25,6 @@ on ``/metrics`` from this process: the engine's thread pays nothing more.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -34,6 +33,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Optional
 
 import msgspec
+
+from journal import segments
+from journal.segments import file_bytes
 
 from .codec import Entry, payload_bytes, refusal, refused, to_row
 from .events import SIDE_WORKER, EngineCrashed, JournalOpened
@@ -81,11 +83,12 @@ def codec_arg(
     counts: str | None,
     journal: str,
     checkpoints: bool = False,
+    budget: int | None = None,
 ) -> str:
     """What the writer process's :class:`BatchCodec` is built with: the
     audit's configuration alone, or, with a metrics address, a live counts
     file (:mod:`kvstate.live_counts`) or checkpoints (retention), JSON."""
-    if metrics is None and counts is None and not checkpoints:
+    if metrics is None and counts is None and not checkpoints and budget is None:
         return audit
     return json.dumps(
         {
@@ -94,6 +97,7 @@ def codec_arg(
             "counts": counts,
             "journal": journal,
             "checkpoints": checkpoints,
+            "budget": budget,
         }
     )
 
@@ -125,11 +129,13 @@ class BatchCodec:
 
         metrics = counts = journal = None
         checkpoints = False
+        budget: int | None = None
         if audit.startswith("{"):
             settings = json.loads(audit)
             audit, metrics, journal = settings["audit"], settings["metrics"], settings["journal"]
             counts = settings["counts"]
             checkpoints = settings.get("checkpoints", False)
+            budget = settings.get("budget")
         self._decoders = _DECODERS
         self._decode_blob = msgspec.msgpack.Decoder(_Blob).decode
         self._last_step = 0
@@ -163,10 +169,13 @@ class BatchCodec:
 
             self._counts = LiveCounts(counts, owner=False)
             self.figures = Figures(journal=journal or "", audited=self._auditor is not None)
+        #: the segment written now, and what the closed ones hold on disk
+        self._current = journal or ""
+        self._closed_bytes = 0
         if metrics is not None and journal is not None:
-            self._serve(metrics, journal)
+            self._serve(metrics, journal, budget)
 
-    def _serve(self, address: str, journal: str) -> None:
+    def _serve(self, address: str, journal: str, budget: int | None) -> None:
         """Keep the figures and serve them; a server that cannot start is said
         on stderr and the journal is written all the same."""
         import attrs
@@ -182,7 +191,8 @@ class BatchCodec:
             serve(
                 address,
                 FiguresCollector(
-                    lambda: [attrs.evolve(figures, violations=figures.violations.copy())]
+                    lambda: [attrs.evolve(figures, violations=figures.violations.copy())],
+                    budget=budget,
                 ),
             )
         except (ImportError, ValueError, OSError) as exc:
@@ -229,10 +239,21 @@ class BatchCodec:
             figures.fold(self._kinds, found, None if auditor is None else auditor.ledger)
             self._kinds = []
             figures.caught_up_at = time.monotonic()
-            with contextlib.suppress(OSError):
-                figures.bytes = os.path.getsize(figures.journal)
+            figures.bytes = self._closed_bytes + file_bytes(self._current)
             if self._counts is not None:
                 self._counts.store(figures.folded, figures.first_violation_seq, figures.violations)
+
+    def rotated(self, index: int, path: str, removed: list[str]) -> None:
+        """The writer began segment ``index`` at ``path``; retention removed ``removed``."""
+        figures = self.figures
+        self._current = path
+        if figures is None:
+            return
+        first = segments.head_name(path)
+        present = [p for p in (first, *segments.later_segments(first)) if os.path.exists(p)]
+        self._closed_bytes = sum(file_bytes(p) for p in present if p != path)
+        figures.segments = len(present)
+        figures.segments_removed += len(removed)
 
     def checkpoint(self) -> Iterator[bytes]:
         """The fold as it stands after the last commit, in parts (see

@@ -28,7 +28,7 @@ from journal import Journal, RecordError, is_journal_file, read_jsonl_lines, seg
 from journal.database import BEFORE_FIRST
 from journal.jsonl import JsonlReader
 from kvstate import events as ev
-from kvstate.checkpoint import Resumed, header_of
+from kvstate.checkpoint import Resumed, summary_of
 from kvstate.codec import Entry, from_record, from_stored
 
 from .interleave import interleave
@@ -113,8 +113,12 @@ def resumed(journal: Journal) -> Located | None:
     first = next(iter(parts), None)
     if first is None:
         raise RecordError("the checkpoint is empty", path=journal.path, seq=seq)
-    header = header_of(journal.path, seq, first)
-    resumed = Resumed(seq, journal.path, row[0], header, journal.checkpoint)  # type: ignore[arg-type]
+    header, forgotten = summary_of(journal.path, seq, first)
+
+    def read_parts() -> Iterator[bytes]:
+        return journal.checkpoint() or iter(())
+
+    resumed = Resumed(seq, journal.path, row[0], header, read_parts, forgotten)
     return Located(Entry(seq, 0, None, resumed), journal.path, seq, None)  # type: ignore[arg-type]
 
 

@@ -17,7 +17,9 @@ import json
 import os
 import pickle
 import shutil
+import socket
 import sqlite3
+import urllib.request
 import zlib
 from pathlib import Path
 
@@ -31,9 +33,12 @@ from journal.segments import Rotating, Rotation, SegmentError
 ROTATE, RETAIN = 131_072, 400_000
 
 
-def _record(plain: Path, out: Path, sizes: list[int] | None = None, **settings: object) -> None:
+def _record(
+    plain: Path, out: Path, sizes: list[int] | None = None, **settings: object
+) -> str | None:
     """``plain``'s records recorded again at ``out``, a commit per engine step;
-    ``sizes`` gets the journal's bytes on disk after each commit."""
+    ``sizes`` gets the journal's bytes on disk after each commit. With a
+    ``metrics`` address, returns what ``/metrics`` said before the close."""
     from kvstate import Recorder
     from replay.sources import entries
 
@@ -56,7 +61,13 @@ def _record(plain: Path, out: Path, sizes: list[int] | None = None, **settings: 
             if sizes is not None:
                 sizes.append(_on_disk(out.parent))
         rec.record(entry.event, entry.step)
+    scraped = None
+    if settings.get("metrics"):
+        rec.commit(settle=True)
+        with urllib.request.urlopen(f"http://{settings['metrics']}/metrics", timeout=60) as r:
+            scraped = r.read().decode()
     rec.close(raise_found=False)
+    return scraped
 
 
 def _on_disk(folder: Path) -> int:
@@ -240,6 +251,32 @@ def test_time_travel_after_the_checkpoint_sees_the_twins_ledger(
         b.stop()
 
 
+def test_the_writer_process_publishes_segments_removals_and_the_budget(tmp_path: Path) -> None:
+    from replay.cli import main
+
+    plain = tmp_path / "plain" / "legacy.db"
+    plain.parent.mkdir()
+    main(["run", "--journal", str(plain), "--policy", "legacy", "--seed", "3", "--requests", "40"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    out = tmp_path / "kept" / "legacy.db"
+    out.parent.mkdir()
+    text = _record(plain, out, rotate_bytes=ROTATE, retain_bytes=RETAIN, metrics=address)
+    assert text is not None
+
+    def value(name: str) -> float:
+        line = next(x for x in text.splitlines() if x.startswith(name + "{") or
+                    x.startswith(name + " "))  # fmt: skip
+        return float(line.rsplit(" ", 1)[1])
+
+    assert value("kvstate_disk_budget_bytes") == RETAIN
+    assert value("kvstate_journal_segments_removed_total") >= 3
+    assert 2 <= value("kvstate_journal_segments") <= RETAIN // 40_000
+    assert 0 < value("kvstate_journal_bytes") <= RETAIN
+    assert value("kvstate_records_total") == value("kvstate_journal_records")
+
+
 # -- the checkpoint is input: chained, and read with care ---------------------------------
 
 
@@ -278,7 +315,7 @@ def test_a_checkpoint_that_names_a_callable_is_refused_and_nothing_runs(tmp_path
         def __reduce__(self) -> tuple[object, ...]:
             return (os.system, (f"touch {marker}",))
 
-    blob = zlib.compress(pickle.dumps(("ledger", 1, {"x": Evil()}, {}, None, [])))
+    blob = zlib.compress(pickle.dumps(("ledger", 1, {"x": Evil()}, {}, None, [], 0)))
     header = JournalOpened(version=1, block_size=4, world_size=1)
     resumed = Resumed(7, "seg.db", 2, header, lambda: iter([blob]))
     with pytest.raises(RecordError, match=r"seg\.db \(seq 7\).*may not name"):
@@ -423,3 +460,32 @@ def test_a_file_left_with_a_hot_rollback_journal_is_read_without_changing_it(
     with Journal(path, readonly=True) as journal:
         assert [r.payload for r in journal.records()] == [{"a": 1}]
     assert (path.read_bytes(), hot.read_bytes()) == before
+
+
+def test_a_checkpoint_carries_the_newest_history_and_says_what_it_forgot(
+    twins: tuple[Path, Path, list[int]],
+) -> None:
+    """Live state whole, settled history bounded: the newest parked entities
+    only, and the verdict names how many older ones it no longer judges."""
+    from kvstate.checkpoint import Resumed, parts, restore, summary_of
+    from kvstate.ledger import Ledger
+    from kvstate.spill import SpillArchive
+    from replay.sources import entries
+
+    plain, _, _ = twins
+    ledger = Ledger(archive=SpillArchive(), park_after=64, sweep_every=32)
+    for entry in entries([str(plain)]):
+        ledger.apply(entry.seq, entry.step, entry.event)
+    parked = len(ledger.archive)
+    assert parked > 10
+    blobs = list(parts(ledger, [], newest_parked=10, newest_key_writes=5))
+    header, forgotten = summary_of("x.db", 9, blobs[0])
+    assert forgotten == parked - 10 and header == ledger.header
+    resumed = Resumed(9, "x.db", 2, header, lambda: iter(blobs), forgotten)
+    again = Ledger(archive=SpillArchive())
+    restore(again, resumed)
+    assert len(again.archive) == 10 and len(list(again.archive.key_writes())) == 5
+    assert again.requests == ledger.requests and again.jobs == ledger.jobs  # live: whole
+    assert f"{forgotten} older settled jobs and requests are not judged again" in (
+        resumed.describe()
+    )

@@ -233,7 +233,7 @@ def test_every_reader_takes_the_first_segment_or_the_folder_as_the_journal(
         assert outs[1][1].count("1 journal(s)") == 1 and "203 violation(s)" in outs[1][1]
 
 
-def test_the_vllm_observer_reads_its_rotation_from_the_connectors_extra_config() -> None:
+def test_the_vllm_observer_reads_rotation_and_retention_from_the_extra_config() -> None:
     from types import SimpleNamespace
 
     from kvstate.vllm._journals import rotation_of
@@ -241,10 +241,15 @@ def test_the_vllm_observer_reads_its_rotation_from_the_connectors_extra_config()
     def config(**extra: object) -> SimpleNamespace:
         return SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra))
 
-    assert rotation_of(None) == (None, None)
-    assert rotation_of(config()) == (None, None)
+    assert rotation_of(None) == (None, None, None, None)
+    assert rotation_of(config()) == (None, None, None, None)
     got = rotation_of(config(kvstate_rotate_bytes=1 << 30, kvstate_rotate_seconds=3600))
-    assert got == (1 << 30, 3600.0)
+    assert got == (1 << 30, 3600.0, None, None)
+    got = rotation_of(config(kvstate_rotate_bytes=1 << 30, kvstate_retain_bytes=1 << 34,
+                             kvstate_retain_seconds=7 * 86400))  # fmt: skip
+    assert got == (1 << 30, None, 1 << 34, 7 * 86400.0)
+    with pytest.raises(ValueError, match="kvstate_retain_seconds"):
+        rotation_of(config(kvstate_retain_seconds=-1))
     for bad in (0, -5, "1GB", True):
         with pytest.raises(ValueError, match="kvstate_rotate_bytes"):
             rotation_of(config(kvstate_rotate_bytes=bad))

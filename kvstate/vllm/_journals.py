@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from journal import segments
 from kvstate.recorder import Recorder
 
 ENV = "KVSTATE_VLLM_JOURNAL_DIR"
@@ -43,10 +44,17 @@ def journal_dir(vllm_config: Any = None) -> Path:
 #: ``kv_connector_extra_config`` keys: rotate each journal into segments at
 #: this many bytes, or after this many seconds (journal.segments)
 ROTATE_BYTES, ROTATE_SECONDS = "kvstate_rotate_bytes", "kvstate_rotate_seconds"
+#: ``kv_connector_extra_config`` keys: keep each rotated journal within this
+#: many bytes, or this many seconds, removing its oldest segments (journal.retention)
+RETAIN_BYTES, RETAIN_SECONDS = "kvstate_retain_bytes", "kvstate_retain_seconds"
+#: what the extra config asks for: rotation's bytes and seconds, retention's bytes and seconds
+Rotation = tuple["int | None", "float | None", "int | None", "float | None"]
+NO_ROTATION: Rotation = (None, None, None, None)
 
 
-def rotation_of(vllm_config: Any = None) -> tuple[int | None, float | None]:
-    """The rotation the connector's extra config asks for: (bytes, seconds).
+def rotation_of(vllm_config: Any = None) -> Rotation:
+    """The rotation and retention the connector's extra config asks for:
+    (rotate bytes, rotate seconds, retain bytes, retain seconds).
 
     A value that is not a positive number is refused with a ``ValueError``
     naming the key: no journal is opened, and the error is the process's
@@ -55,15 +63,20 @@ def rotation_of(vllm_config: Any = None) -> tuple[int | None, float | None]:
     transfer = getattr(vllm_config, "kv_transfer_config", None)
     extra = (getattr(transfer, "kv_connector_extra_config", None) or {}) if transfer else {}
     if not isinstance(extra, dict):
-        return None, None
+        return NO_ROTATION
     out: list[float | None] = []
-    for key in (ROTATE_BYTES, ROTATE_SECONDS):
+    for key in (ROTATE_BYTES, ROTATE_SECONDS, RETAIN_BYTES, RETAIN_SECONDS):
         value = extra.get(key)
         if value is not None and (type(value) not in (int, float) or value <= 0):
             raise ValueError(f"kv_connector_extra_config[{key!r}] must be a positive number")
         out.append(value)
-    size, age = out
-    return (None if size is None else int(size)), (None if age is None else float(age))
+    size, age, keep_size, keep_age = out
+    return (
+        None if size is None else int(size),
+        None if age is None else float(age),
+        None if keep_size is None else int(keep_size),
+        None if keep_age is None else float(keep_age),
+    )
 
 
 #: the run name when vLLM's config gives none: one per process (a worker in
@@ -124,7 +137,7 @@ def open_journal(
     engine: str,
     run: str,
     protocol: str | None = None,
-    rotation: tuple[int | None, float | None] = (None, None),
+    rotation: Rotation = NO_ROTATION,
 ) -> Recorder:
     """A new journal ``folder/{role}-{pid}.db`` (``-2``, ``-3``, ... when a
     connector of this process already wrote one); an existing file is never reused.
@@ -158,7 +171,7 @@ def open_journal(
         run = f"{run}-{n}"
     path = folder / f"{name}-{os.getpid()}.db"
     k = 1
-    while path.exists():
+    while path.exists() or segments.later_segments(str(path)):  # a journal's head may be gone
         k += 1
         path = folder / f"{name}-{os.getpid()}-{k}.db"
     scheduler = role == "scheduler"
@@ -179,6 +192,8 @@ def open_journal(
         live_counts=scheduler,
         rotate_bytes=rotation[0],
         rotate_seconds=rotation[1],
+        retain_bytes=rotation[2],
+        retain_seconds=rotation[3],
     )
     if scheduler:
         recorder.auditor.attach_scheduler()
