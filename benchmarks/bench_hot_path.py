@@ -43,28 +43,34 @@ def lifecycle(
     *,
     between: Callable[[], None] | None = None,
     archive: Callable[[], Archive] = Archive,
+    every: int | None = None,
 ) -> int:
     """Run ``jobs`` complete store jobs; returns how many events were recorded.
 
-    ``between`` is called once half the jobs are done and again when all
-    are, while the ledgers still exist (the live-memory measurement looks at
-    the heap there). ``archive`` makes each ledger's archive.
+    ``between`` is called once half the jobs are done (or every ``every``
+    jobs) and again when all are, while the ledgers still exist (the
+    live-memory measurement looks at the heap there). ``archive`` makes each
+    ledger's archive.
     """
     archives = [archive() for _ in range(WORLD + 1)]
     try:
-        return _lifecycle(recorder, jobs, between, archives)
+        return _lifecycle(recorder, jobs, between, archives, every)
     finally:
         for made in archives:
             made.close()
 
 
 def _lifecycle(
-    recorder: Recorder, jobs: int, between: Callable[[], None] | None, archives: list[Archive]
+    recorder: Recorder,
+    jobs: int,
+    between: Callable[[], None] | None,
+    archives: list[Archive],
+    every: int | None = None,
 ) -> int:
     sched = SchedulerLedger(recorder, archive=archives[0])
     workers = [WorkerLedger(r, recorder, archive=archives[r + 1]) for r in range(WORLD)]
     for i in range(jobs):
-        if between is not None and i == jobs // 2:
+        if between is not None and (i == jobs // 2 if every is None else i and i % every == 0):
             between()
         req = f"r{i}"
         sched.begin_step()

@@ -81,11 +81,12 @@ class Sizes:
     running: tuple[int, ...]  # running requests per step, for the step overhead
     fleet_runs: int  # simulated engine runs the fleet row checks
     fleet_requests: int  # requests each of them serves
+    day_jobs: int  # lifecycles of the compressed day (rotation and retention)
 
     @classmethod
     def of(cls, quick: bool) -> Sizes:
         if quick:
-            return cls(200, (1_000, 5_000, 24_000), 100, (64, 256), 4, 60)
+            return cls(200, (1_000, 5_000, 24_000), 100, (64, 256), 4, 60, 2_000)
         return cls(
             20_000,
             (1_000, 10_000, 100_000, 1_000_000, 5_000_000),
@@ -93,6 +94,7 @@ class Sizes:
             (64, 256, 1024, 4096),
             1000,  # the fleet issue's 1,000 runs,
             3000,  # of about 100,000 records each: 100 million in all
+            100_000,  # 2.4 million records: a day compressed 72x
         )
 
 
@@ -457,6 +459,62 @@ def demo_row(requests: int, store: str) -> tuple[Row, Any]:
     return row, got
 
 
+_DAY = (
+    "from benchmarks.bench_retention import measure\n"
+    "out = measure(int(sys.argv[1]), sys.argv[2] == 'on')"
+)
+
+
+def day_rows(jobs: int) -> tuple[list[Row], dict[str, Any]]:
+    """A day of a journal, time compressed, rotation and retention on against off
+    (``benchmarks/bench_retention.py``), each in a fresh interpreter; the
+    engine's CPU per record is the better of two runs of each, taken in turn."""
+    runs = {"off": [], "on": []}  # type: dict[str, list[dict[str, Any]]]
+    for _ in range(2):
+        for mode in ("off", "on"):
+            runs[mode].append(_child(_DAY, str(jobs), mode))
+    on, off = runs["on"][0], runs["off"][0]
+    cpu = {m: min(r["engine_ns_per_record"] for r in rs) for m, rs in runs.items()}
+    day = (
+        f"{on['records']:,} records: a day at 2,000 records/s compressed {on['compression']:,.0f}x "
+        f"(segments of {on['segment_bytes']:,} bytes, budget {on['budget_bytes']:,}: "
+        f"{on['rotations']} rotations)"
+    )
+    rows = [
+        _row(
+            "a day, time compressed: the journal's disk at its peak / its retention budget",
+            on["disk_peak_bytes"] / on["budget_bytes"],
+            "x",
+            1.0,
+            note=f"{day}; without retention the same run peaks at {off['disk_peak_bytes']:,} bytes",
+        ),
+        _row(
+            "a day, time compressed: writer-process memory, last quarter / first quarter",
+            on["writer_growth"],
+            "x",
+            1.10,
+            note=f"{on['writer_mb'][1]:.0f} MB -> {on['writer_mb'][-1]:.0f} MB with retention; "
+            f"without, x{off['writer_growth']:.2f}; the engine's x{on['engine_growth']:.2f}",
+        ),
+        _row(
+            "a day, time compressed: engine CPU per record, rotation and retention on / off",
+            cpu["on"] / cpu["off"],
+            "x",
+            1.10,
+            note=f"{cpu['on'] / 1e3:.1f} us against {cpu['off'] / 1e3:.1f} us per record "
+            "(the better of two runs each, taken in turn)",
+        ),
+        _row(
+            "a day, time compressed: one /metrics scrape of the writer process",
+            on["scrape_ms"],
+            "ms",
+            50,
+            note=f"the median of {len(on['writer_mb'])} scrapes, {on['scrape_bytes']:,} bytes",
+        ),
+    ]
+    return rows, runs
+
+
 def fleet_row(runs: int, requests: int) -> tuple[Row, list[dict[str, Any]]]:
     """``fleet-check`` of simulated engine runs (``benchmarks/bench_fleet.py``)."""
     fleets = bench_fleet.measure(_child, runs, requests)
@@ -508,6 +566,8 @@ def run(quick: bool) -> dict[str, Any]:
     rows.append(offloading)
     fleet, fleets = fleet_row(sizes.fleet_runs, sizes.fleet_requests)
     rows.append(fleet)
+    day, day_runs = day_rows(sizes.day_jobs)
+    rows += day
     rows += NOT_MEASURED
     return {
         "quick": quick,
@@ -522,6 +582,7 @@ def run(quick: bool) -> dict[str, Any]:
         "vllm_profile": vllm_run,
         "vllm_offloading_profile": offloading_run,
         "fleets": fleets,
+        "day": day_runs,
         "live_jobs": sizes.jobs,
         "inspector": inspector,
         "self_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

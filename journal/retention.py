@@ -13,8 +13,9 @@ After each rotation, whole segments are removed, oldest first, while the
 journal is over its budget, and only where the segment after the one
 removed begins with a checkpoint: what the removed records folded into is
 never lost. The current segment is never removed. The byte budget counts
-the current segment at its full size (the rotation size), so the journal on
-disk stays within ``keep_bytes`` between rotations too; the age budget
+the current segment at its full size (its checkpoint and the rotation size
+of records), so the journal on disk stays within ``keep_bytes`` between
+rotations too; the age budget
 removes a segment once its last write is older than ``keep_seconds``.
 
 A reader given the journal's first segment, or its folder, then starts at
@@ -48,8 +49,9 @@ def remove_old(first: str, current: int, rotation: Rotation) -> list[str]:
 
     indexes = ([1] if os.path.exists(first) else []) + _later_indexes(first)
     sizes = {i: file_bytes(segment_path(first, i)) for i in indexes}
-    # the current segment counts at the size it may reach before the next rotation
-    room = max(sizes.get(current, 0), rotation.max_bytes or 0)
+    # the current segment counts at the size it may reach before the next
+    # rotation: its checkpoint, and the rotation size of records after it
+    room = sizes.get(current, 0) + (rotation.max_bytes or 0)
     total = sum(size for i, size in sizes.items() if i != current) + room
     ident = _journal_id(segment_path(first, current))
     removed: list[str] = []

@@ -95,6 +95,9 @@ class Rotation:
         self.keep_bytes = keep_bytes
         self.keep_seconds = keep_seconds
         self._opened = time.monotonic()
+        #: what the current segment held when it was begun (its checkpoint):
+        #: the size rotates on is of the records written since
+        self._begun_bytes = 0
 
     @property
     def retains(self) -> bool:
@@ -124,7 +127,7 @@ class Rotation:
         if self.max_seconds is not None and time.monotonic() - self._opened >= self.max_seconds:
             return True
         if self.max_bytes is not None:
-            return file_bytes(journal.path) >= self.max_bytes
+            return file_bytes(journal.path) - self._begun_bytes >= self.max_bytes
         return False
 
     def rotate(
@@ -174,7 +177,9 @@ class Rotation:
         os.rename(hidden, path)
         _sync_folder(folder)  # the new name is durable before anything is removed
         self._opened = time.monotonic()
-        return Journal(path, synchronous=synchronous)
+        nxt = Journal(path, synchronous=synchronous)
+        self._begun_bytes = file_bytes(path)
+        return nxt
 
 
 def file_bytes(path: str) -> int:

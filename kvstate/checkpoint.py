@@ -44,11 +44,14 @@ FORMAT = 1
 _CHUNK = 4096
 #: the history a checkpoint carries: the newest parked jobs and requests, and
 #: the newest key writes. What is live is always carried whole; settled
-#: history beyond these is forgotten, so a checkpoint, and what a journal
-#: keeps, stays bounded however long the engine runs (a later record naming
-#: a forgotten job is judged as naming one never enqueued: CAUSALITY)
-NEWEST_PARKED = 1_000_000
-NEWEST_KEY_WRITES = 4_000_000
+#: history beyond these is forgotten, so a checkpoint (some megabytes at
+#: most), the pause to write it, and what a journal keeps stay bounded
+#: however long the engine runs. A later record naming a forgotten job is
+#: judged as one naming a job never enqueued (CAUSALITY); a forgotten key
+#: write leaves only the ``chain`` of a POISONED_KEY or WRONG_KV_LOADED
+#: finding shorter (the key log only names which enqueues wrote a key)
+NEWEST_PARKED = 100_000
+NEWEST_KEY_WRITES = 100_000
 #: the ledger fields stored as they are (the rank ledgers are stored by their state)
 _FIELDS = tuple(
     f.name for f in attrs.fields(LedgerState) if f.metadata.get(FOLDED) and f.name != "ranks"

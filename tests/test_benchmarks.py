@@ -60,6 +60,11 @@ def test_quick_run_measures_every_row_against_its_target(tmp_path: Path) -> None
     assert [p["workers"] for p in big["points"]] == [1, 2]
     assert big["points"][0]["records"] == big["points"][1]["records"] > 0
     assert big["join"]["rows"] > 0 and "| fleet runs |" in table and "straight line" in table
+    # The compressed day: the budget held, rotations made, the scrape timed.
+    on, off = report["day"]["on"][0], report["day"]["off"][0]
+    assert on["rotations"] >= 10 and on["disk_peak_bytes"] <= on["budget_bytes"]
+    assert off["disk_peak_bytes"] > on["budget_bytes"]  # what retention kept off the disk
+    assert on["scrape_ms"] > 0 and on["scrape_bytes"] > 1000
 
 
 def test_results_are_never_overwritten_without_force(tmp_path: Path) -> None:
