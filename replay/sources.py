@@ -116,7 +116,10 @@ def resumed(journal: Journal) -> Located | None:
     header, forgotten = summary_of(journal.path, seq, first)
 
     def read_parts() -> Iterator[bytes]:
-        return journal.checkpoint() or iter(())
+        # read on a connection of its own: the segment may be closed by then
+        # (a reader goes on to the next one before the first record comes)
+        with Journal(journal.path, readonly=True) as again:
+            yield from again.checkpoint() or ()
 
     resumed = Resumed(seq, journal.path, row[0], header, read_parts, forgotten)
     return Located(Entry(seq, 0, None, resumed), journal.path, seq, None)  # type: ignore[arg-type]

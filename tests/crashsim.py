@@ -1,7 +1,8 @@
 """A journal writer to kill: the ledgers driven through steps of a small,
 clean workload, reporting after each ``begin_step`` the last seq whose commit
 returned. Used by the kill tests and by the soak command
-(``python -m tests.crashsim --kills 5000``).
+(``python -m tests.crashsim --kills 5000``; ``--writer retain`` kills the
+writer process itself while it rotates and removes segments).
 
 After every SIGKILL the journal must open, its hash chain must verify, every
 record whose commit returned must be there, and replay must work on it.
@@ -258,15 +259,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="SIGKILL a journal writer many times")
     parser.add_argument("--kills", type=int, default=2000)
     parser.add_argument("--synchronous", choices=("NORMAL", "FULL"), default="NORMAL")
-    parser.add_argument("--writer", choices=("thread", "process"), default="thread")
+    parser.add_argument(
+        "--writer",
+        choices=("thread", "process", "retain"),
+        default="thread",
+        help="retain: SIGKILL the writer process itself while it rotates and removes segments",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     total = 0
     with tempfile.TemporaryDirectory() as folder:
         for seed in range(args.kills):
-            _committed, found = kill_once(folder, seed, args.synchronous, args.writer)
+            if args.writer == "retain":
+                found = kill_writer_once(folder, seed)[1]
+                for name in os.listdir(folder):  # its segments, and any half-made one
+                    os.unlink(os.path.join(folder, name))
+            else:
+                _committed, found = kill_once(folder, seed, args.synchronous, args.writer)
+                os.unlink(os.path.join(folder, f"kill-{seed}.db"))
             total += found
-            os.unlink(os.path.join(folder, f"kill-{seed}.db"))
     print(
         f"{args.kills} kills ({args.synchronous}): every journal opened, verified and "
         f"replayed; {total} records checked; no committed record lost "

@@ -489,3 +489,37 @@ def test_a_checkpoint_carries_the_newest_history_and_says_what_it_forgot(
     assert f"{forgotten} older settled jobs and requests are not judged again" in (
         resumed.describe()
     )
+
+
+def test_what_is_left_may_be_a_checkpoint_with_no_record_after_it(
+    twins: tuple[Path, Path, list[int]], tmp_path: Path
+) -> None:
+    """A writer killed right after it began a segment leaves the checkpoint
+    and nothing else: replay restores it (read again, the segment closed by
+    then) and gives the findings it carries, from the checkpoint."""
+    from kvstate.checkpoint import parts
+    from kvstate.ledger import Ledger
+    from kvstate.spill import SpillArchive
+    from replay.sources import entries
+    from replay.verdict import replay
+
+    plain, _, _ = twins
+    upto = 1200
+    first = tmp_path / "engine.db"
+    ledger, found = Ledger(archive=SpillArchive()), []
+    with Journal(plain, readonly=True) as source, Journal(first) as journal:
+        journal.append_rows(list(source.stored_rows(upto=upto)))
+    for entry in entries([str(plain)]):
+        if entry.seq > upto:
+            break
+        found += ledger.apply(entry.seq, entry.step, entry.event)
+    journal = Journal(first)
+    Rotation(max_bytes=1).rotate(
+        journal, str(first), 1, synchronous="NORMAL", checkpoint=parts(ledger, found)
+    ).close()
+    first.unlink()  # as retention would have
+    result = replay([str(first)])
+    expected = [(v.code, v.seq, v.message) for v in found if not v.is_warning]
+    assert expected and _findings(result) == expected
+    assert result.events == 0 and result.from_checkpoint is not None
+    assert result.from_checkpoint.seq == upto
