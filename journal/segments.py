@@ -219,7 +219,9 @@ def segments(first: str | os.PathLike[str]) -> Iterator[Journal]:
     path = head_name(oldest.path)
     row = oldest.segment()
     journal: Journal | None = oldest
-    index, ident = (1, None) if row is None else (row[0], row[1])
+    # the journal's id, read now: retention may remove the first segment
+    # while it is read
+    index, ident = (1, id_of_open(oldest)) if row is None else (row[0], row[1])
     while journal is not None:
         head = journal.head()  # what the next segment must follow
         name = journal.path
@@ -290,6 +292,16 @@ def is_start(path: str | os.PathLike[str]) -> bool:
         return True
     oldest = _oldest(head)
     return not os.path.exists(head) and oldest is not None and _same(oldest, name)
+
+
+def id_of_open(journal: Journal) -> str | None:
+    """The id of the journal whose segment ``journal`` is (None: a first
+    segment with no commit yet, which has no later segment either)."""
+    row = journal.segment()
+    if row is not None:
+        return row[1]
+    link = journal.first_link()
+    return None if link is None else link.hex()
 
 
 def is_removed_head(path: str | os.PathLike[str]) -> bool:

@@ -348,6 +348,8 @@ class _DatabaseRecords:
     def _open_next(self) -> bool:
         """Open the next segment, if it exists now (a rotation while followed)."""
         journal = self._parts[-1][1]
+        # the id from an open segment: retention may have removed the first
+        self._ident = self._ident or segments.id_of_open(self._parts[0][1])
         nxt = segments.open_next(
             self._head, self._index + len(self._parts), journal.head(), journal.path, self._ident
         )

@@ -71,7 +71,7 @@ class _Followed:
         event: Resumed = item.entry.event  # type: ignore[assignment]
         f = self.figures
         f.header(event.header)
-        self.last = event.seq
+        self.last = f.folded = f.written = event.seq  # what the checkpoint folded
         if f.audited:
             self.ledger = Ledger(archive=SpillArchive())
             found = resume(self.ledger, item)
@@ -80,6 +80,8 @@ class _Followed:
 
     def _next_segment(self) -> bool:
         """Go on to the next segment once the writer began it (the current one is whole)."""
+        # the id from the open segment: retention may have removed the first
+        self._ident = self._ident or segments.id_of_open(self.journal)
         nxt = segments.open_next(
             self.path, self.index + 1, self.journal.head(), self.journal.path, self._ident
         )
@@ -160,6 +162,8 @@ class Watcher:
                 continue
             if not segments.is_start(name):
                 continue  # followed through its first segment (or its oldest one left)
+            if any(f.path == segments.head_name(name) for f in self._followed.values()):
+                continue  # followed since before retention removed its head
             try:
                 followed = _Followed(name)
             except (JournalError, RecordError, OSError) as exc:

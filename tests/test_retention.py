@@ -523,3 +523,53 @@ def test_what_is_left_may_be_a_checkpoint_with_no_record_after_it(
     assert expected and _findings(result) == expected
     assert result.events == 0 and result.from_checkpoint is not None
     assert result.from_checkpoint.seq == upto
+
+
+def test_watch_follows_a_journal_while_retention_removes_its_head(
+    twins: tuple[Path, Path, list[int]], tmp_path: Path
+) -> None:
+    """The watcher holds the first segment open when retention removes it,
+    and goes on into the next by the journal's id, read from what it holds;
+    a watcher begun after the removal starts from the checkpoint. Both count
+    the twin's findings."""
+    from kvstate.checkpoint import parts
+    from kvstate.ledger import Ledger
+    from kvstate.spill import SpillArchive
+    from replay.sources import entries
+    from replay.verdict import replay
+    from replay.watch import Watcher
+
+    plain, _, _ = twins
+    folder = tmp_path / "live"
+    folder.mkdir()
+    watcher = Watcher(folder)
+    rotation = Rotation(max_bytes=65_536, keep_bytes=3 * 65_536)
+    ledger, found = Ledger(archive=SpillArchive()), []
+    first = folder / "engine.db"
+    rotating = Rotating(Journal(first), rotation, synchronous="NORMAL",
+                        checkpoint=lambda: parts(ledger, found))  # fmt: skip
+    with Journal(plain, readonly=True) as source:
+        rows = list(source.stored_rows())
+    records = list(entries([str(plain)]))
+    late = None
+    for start in range(0, len(rows), 50):
+        rotating.journal.append_rows(rows[start : start + 50])
+        for entry in records[start : start + 50]:  # the writer's fold, as it commits
+            found += ledger.apply(entry.seq, entry.step, entry.event)
+        rotating.committed()
+        while watcher.poll():
+            pass
+        if late is None and rotating.removed:
+            late = Watcher(folder)  # begun once the head is gone
+    rotating.journal.close()
+    while watcher.poll() or (late is not None and late.poll()):
+        pass
+    assert late is not None and not first.exists()
+    expected: dict[str, int] = {}
+    for v in replay([str(plain)]).violations:
+        expected[v.code.value] = expected.get(v.code.value, 0) + 1
+    for w in (watcher, late):
+        (f,) = w.figures()
+        w.close()
+        assert f.error is None and f.folded == f.written == len(rows) and not f.lag_records()
+        assert dict(f.violations) == expected
