@@ -310,6 +310,25 @@ class Journal:
                 "is another process opening this journal?"
             ) from exc
 
+    def view_definitions(self) -> list[str]:
+        """The SQL that made this journal's views (a later segment gets the same)."""
+        try:
+            rows = self._conn.execute(
+                "SELECT sql FROM sqlite_master WHERE type = 'view' ORDER BY name"
+            ).fetchall()
+        except _UNREADABLE as exc:
+            raise JournalError(f"{self.path}: cannot read the journal's views: {exc}") from exc
+        return [row[0] for row in rows]
+
+    def define_views(self, definitions: Sequence[str]) -> None:
+        """Make views from :meth:`view_definitions` of another segment of this journal."""
+        if self.readonly:
+            raise JournalError(f"{self.path}: journal is open read-only")
+        for sql in definitions:
+            if not sql.upper().startswith("CREATE VIEW "):
+                raise JournalError(f"{self.path}: not a view definition: {sql[:60]!r}")
+            self._conn.execute(sql)
+
     # -- reading -----------------------------------------------------------------
 
     def __len__(self) -> int:

@@ -150,6 +150,7 @@ class Rotation:
         if seq == BEFORE_FIRST:
             raise JournalError(f"{journal.path}: an empty segment is not rotated")
         ident = _id_of(journal, first)
+        views = journal.view_definitions()  # each segment reads with SQL as the first does
         journal.close()  # its commits are durable already; closing folds the WAL in
         path = segment_path(first, index + 1)
         if os.path.exists(path):
@@ -171,6 +172,7 @@ class Rotation:
                 previous_name=os.path.basename(journal.path),
                 checkpoint=checkpoint,
             )
+            nxt.define_views(views)
         if os.path.exists(path):  # made meanwhile by someone else: theirs
             os.unlink(hidden)
             raise SegmentError(f"{path}: the next segment exists already; not overwritten")

@@ -573,3 +573,19 @@ def test_watch_follows_a_journal_while_retention_removes_its_head(
         w.close()
         assert f.error is None and f.folded == f.written == len(rows) and not f.lag_records()
         assert dict(f.violations) == expected
+
+
+def test_every_segment_reads_with_sql_as_the_first_does(
+    twins: tuple[Path, Path, list[int]],
+) -> None:
+    """The per-kind views go with each new segment: what is left after
+    retention answers the same queries (sqlite-utils, docs/journal.md)."""
+    _, kept, _ = twins
+    oldest = seg.later_segments(str(kept))[0]
+    conn = sqlite3.connect(f"file:{oldest}?mode=ro", uri=True)
+    from journal._schema import register_functions
+
+    register_functions(conn)
+    rows = conn.execute("SELECT seq, job, req FROM job_enqueued ORDER BY seq LIMIT 3").fetchall()
+    conn.close()
+    assert rows and all(isinstance(job, int) and req.startswith("req-") for _, job, req in rows)
