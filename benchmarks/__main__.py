@@ -1,10 +1,18 @@
-"""``python -m benchmarks [--quick] [--out DIR] [--force]``: the performance table."""
+"""``python -m benchmarks [--quick] [--out DIR] [--force]``: the performance table.
+
+``--update day`` measures only the compressed day's rows (rotation and
+retention, ``benchmarks/bench_retention.py``) and puts them into the table
+already in ``--out``, replacing the rows of that name: the other rows stay
+as their run measured them (each row's ratio is of one run).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+import attrs
 
 from benchmarks.report import OUTPUTS, markdown, write
 from benchmarks.runner import run
@@ -16,7 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (the test suite)")
     parser.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md")
     parser.add_argument("--force", action="store_true", help="replace earlier results")
+    parser.add_argument(
+        "--update",
+        choices=("day",),
+        help="measure only these rows and put them into the table in --out",
+    )
     args = parser.parse_args(argv)
+    if args.update:
+        return _update(Path(args.out), args.quick)
     try:  # before minutes of measuring, not after
         for name in OUTPUTS:
             refuse_existing(Path(args.out) / name, force=args.force)
@@ -31,6 +46,28 @@ def main(argv: list[str] | None = None) -> int:
     except OutputExists as exc:
         print(f"python -m benchmarks: error: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _update(out: Path, quick: bool) -> int:
+    """``--update day``: the day's rows measured now, in the table of an earlier run."""
+    import json
+
+    from benchmarks.runner import Sizes, day_rows
+
+    try:
+        report = json.loads((out / "bench.json").read_text())
+    except (OSError, ValueError) as exc:
+        print(f"python -m benchmarks: error: {out / 'bench.json'}: {exc}", file=sys.stderr)
+        return 2
+    rows, runs = day_rows(Sizes.of(quick).day_jobs)
+    fresh = [attrs.asdict(r) for r in rows]
+    names = {r["name"] for r in fresh}
+    report["rows"] = [r for r in report["rows"] if r["name"] not in names] + fresh
+    report["day"] = runs
+    print(markdown(report), end="")
+    for path in write(report, out, force=True):  # this command's own outputs, updated
+        print(f"wrote {path}")
     return 0
 
 

@@ -109,12 +109,10 @@ class Resumed:
     path: str
     segment: int
     header: ev.JournalOpened
-    #: the checkpoint's parts, read from the open segment (once)
+    #: the checkpoint's parts, read again from its segment when restored
     read_parts: Callable[[], Iterator[bytes]] = attrs.field(repr=False)
     #: settled jobs and requests the checkpoint no longer carries (see NEWEST_PARKED)
     forgotten: int = 0
-    #: the findings of the removed records (filled by :func:`restore`)
-    found: list[Violation] = attrs.field(factory=list, repr=False)
 
     @property
     def kind(self) -> str:

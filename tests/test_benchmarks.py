@@ -105,3 +105,21 @@ def test_the_fleet_row_shrinks_its_runs_to_a_disk_that_cannot_hold_it(
         else:
             assert 1 <= got < 3000
             assert got == 1 or 2 * 1000 * got * per_request <= free
+
+
+def test_update_measures_the_days_rows_into_an_earlier_table(tmp_path: Path) -> None:
+    """``--update day``: the compressed day's rows measured now and put into a
+    table an earlier run wrote; its other rows stay as they were."""
+    earlier = json.loads((ROOT / "docs" / "perf" / "bench.json").read_text())
+    earlier["rows"] = [r for r in earlier["rows"] if not r["name"].startswith("a day,")]
+    (tmp_path / "bench.json").write_text(json.dumps(earlier))
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--update", "day", "--out", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "bench.json").read_text())
+    days = [r for r in report["rows"] if r["name"].startswith("a day,")]
+    assert len(days) == 4 and all(r["measured"] > 0 for r in days)
+    assert report["rows"][: len(earlier["rows"])] == earlier["rows"]
+    assert "disk at its peak / its retention budget" in (tmp_path / "bench.md").read_text()
