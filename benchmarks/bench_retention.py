@@ -145,7 +145,8 @@ def measure(jobs: int, retain: bool) -> dict[str, Any]:
         "scrape_ms": sorted(s["scrape_ms"] for s in samples)[len(samples) // 2],
         "scrape_bytes": samples[-1]["scrape_bytes"],
         "commit_ms_p50": sorted(waits)[len(waits) // 2] * 1e3,
-        "commit_ms_max": max(waits) * 1e3,
+        # the first commit starts the writer process: not a pause of the run
+        "commit_ms_max": max(waits[1:]) * 1e3,
     }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -47,6 +48,8 @@ _OPEN: weakref.WeakSet[ProcessWriter[Any]] = weakref.WeakSet()
 _HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 #: most bytes taken from the answer pipe at once
 _READ_SIZE = 1 << 16
+#: the pipe to the writer process, asked for (Linux's default ceiling for a user)
+PIPE_BYTES = 1 << 20
 
 
 @atexit.register
@@ -123,6 +126,11 @@ class ProcessWriter(Buffered[T], Generic[T]):
             raise JournalError(f"{self.path}: the journal writer process has no pipes")
         self._out = stdin.fileno()
         self._in = stdout.fileno()
+        # A roomy pipe (Linux: up to 1 MiB): an engine that commits without
+        # waiting goes on writing frames while the writer is busy a moment
+        # (a rotation writing its checkpoint) instead of blocking in write.
+        with contextlib.suppress(AttributeError, OSError):
+            fcntl.fcntl(self._out, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         return process
 
     @property

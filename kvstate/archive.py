@@ -25,6 +25,8 @@ from collections.abc import Hashable, Iterator
 
 #: what an archived entity is filed under: ("job", id) or ("request", req)
 Key = tuple[str, Hashable]
+#: entities or key writes handed out together (:meth:`Archive.items`)
+_BATCH = 4096
 
 
 class _Layer:
@@ -129,22 +131,29 @@ class Archive:
     def __len__(self) -> int:
         return self._count
 
-    def items(self, newest: int | None = None) -> Iterator[tuple[Key, bytes]]:
-        """The parked entities and their blobs, left in place (for a checkpoint):
-        every one, or about the ``newest`` parked last."""
+    def items(self, newest: int | None = None) -> Iterator[list[tuple[Key, bytes]]]:
+        """The parked entities and their blobs, left in place, in batches (for a
+        checkpoint): every one, or the ``newest`` parked last."""
         seen: set[Key] = set()
         layer: _Layer | None = self._top
+        batch: list[tuple[Key, bytes]] = []
         given = 0
-        while layer is not None:
+        while layer is not None and (newest is None or given < newest):
             for key, blob in reversed(layer.own.items()):
-                if key not in seen:
-                    if newest is not None and given >= newest:
-                        return
-                    given += 1
-                    yield key, blob
+                if key in seen:
+                    continue
+                if newest is not None and given >= newest:
+                    break
+                given += 1
+                batch.append((key, blob))
+                if len(batch) >= _BATCH:
+                    yield batch
+                    batch = []
             seen.update(layer.own)
             seen.update(layer.gone)
             layer = layer.below
+        if batch:
+            yield batch
 
     # -- the key log -----------------------------------------------------------------
 
@@ -162,17 +171,22 @@ class Archive:
             seqs = tuple(s for s in seqs if s < before)
         return seqs, self._log.first_job[key]
 
-    def key_writes(self, newest: int | None = None) -> Iterator[tuple[str, int, int]]:
-        """The key log as written: ``(key, seq, job)`` in the order folded,
-        each key's first write first (only the first writer's job is kept:
-        a later write's ``job`` is the first's; for a checkpoint). This
+    def key_writes(self, newest: int | None = None) -> Iterator[list[tuple[str, int, int]]]:
+        """The key log as written, in batches: ``(key, seq, job)`` in the order
+        folded, each key's first write first (only the first writer's job is
+        kept: a later write's ``job`` is the first's; for a checkpoint). This
         in-memory log is given whole (``newest`` bounds what a spilled one
         gives: the newest writes)."""
         log = self._log
+        batch: list[tuple[str, int, int]] = []
         for key, seqs in log.writers.items():
             job = log.first_job[key]
-            for seq in seqs:
-                yield key, seq, job
+            batch += [(key, seq, job) for seq in seqs]
+            if len(batch) >= _BATCH:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
 
     def key_log(self, upto: int) -> dict[str, tuple[tuple[int, ...], int | None]]:
         """The key log as of seq ``upto`` (for equality and views)."""

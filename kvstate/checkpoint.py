@@ -40,8 +40,6 @@ from .violations import Violation
 
 #: the layout of a checkpoint's parts; a reader refuses any other
 FORMAT = 1
-#: parked entities or key writes per part
-_CHUNK = 4096
 #: the history a checkpoint carries: the newest parked jobs and requests, and
 #: the newest key writes. What is live is always carried whole; settled
 #: history beyond these is forgotten, so a checkpoint (some megabytes at
@@ -80,22 +78,10 @@ def parts(
     forgotten = max(0, len(ledger.archive) - newest_parked)
     # One pickle: a job's per-rank states stay the very objects its ranks hold.
     yield _dumps(("ledger", FORMAT, state, ranks, settled, list(found), forgotten))
-    chunk: list[Any] = []
-    for item in ledger.archive.items(newest_parked):
-        chunk.append(item)
-        if len(chunk) >= _CHUNK:
-            yield _dumps(("parked", chunk))
-            chunk = []
-    if chunk:
-        yield _dumps(("parked", chunk))
-        chunk = []
-    for write in ledger.archive.key_writes(newest_key_writes):
-        chunk.append(write)
-        if len(chunk) >= _CHUNK:
-            yield _dumps(("keys", chunk))
-            chunk = []
-    if chunk:
-        yield _dumps(("keys", chunk))
+    for batch in ledger.archive.items(newest_parked):
+        yield _dumps(("parked", batch))
+    for writes in ledger.archive.key_writes(newest_key_writes):
+        yield _dumps(("keys", writes))
 
 
 @attrs.frozen

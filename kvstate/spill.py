@@ -101,20 +101,20 @@ class SpillArchive(Archive):
     def __len__(self) -> int:
         return self._count
 
-    def items(self, newest: int | None = None) -> Iterator[tuple[Key, bytes]]:
+    def items(self, newest: int | None = None) -> Iterator[list[tuple[Key, bytes]]]:
         self._flush_puts()
         # what went to memory (after the disk failed) is the newest of all
         kept = 0
-        for item in super().items(newest):
-            kept += 1
-            yield item
+        for batch in super().items(newest):
+            kept += len(batch)
+            yield batch
         if newest is not None and kept >= newest:
             return
         limit = -1 if newest is None else newest - kept
         query = "SELECT kind, name, blob FROM entities ORDER BY rowid DESC LIMIT ?"
-        for kind, name, blob in _stream(self._db, query, (limit,)):
-            if (kind, name) not in self._dead:
-                yield (kind, name), bytes(blob)
+        dead = self._dead
+        for rows in _stream(self._db, query, (limit,)):
+            yield [((k, n), b) for k, n, b in rows if (k, n) not in dead]
 
     def _flush_puts(self) -> None:
         if not self._puts:
@@ -151,7 +151,7 @@ class SpillArchive(Archive):
             return later, first_later
         return (*(seq for seq, _ in rows), *later), rows[0][1]
 
-    def key_writes(self, newest: int | None = None) -> Iterator[tuple[str, int, int]]:
+    def key_writes(self, newest: int | None = None) -> Iterator[list[tuple[str, int, int]]]:
         self._flush_writes()
         # Writes on disk came first, then those kept in memory.
         query = (

@@ -51,14 +51,16 @@ def insert(db: sqlite3.Connection | None, sql: str, rows: list[Any]) -> bool:
     return True
 
 
-def stream(db: sqlite3.Connection | None, sql: str, args: tuple[Any, ...] = ()) -> Iterator[Any]:
-    """:func:`read`, a batch of rows at a time (what would not fit in memory at once)."""
+def stream(
+    db: sqlite3.Connection | None, sql: str, args: tuple[Any, ...] = ()
+) -> Iterator[list[Any]]:
+    """:func:`read` in batches of rows (what would not fit in memory at once)."""
     if db is None:
         return
     try:
         cursor = db.execute(sql, args)
         while rows := cursor.fetchmany(BATCH):
-            yield from rows
+            yield rows
     except sqlite3.Error as exc:
         raise TemporaryStorageError(
             f"kvstate's temporary storage in {_where()} cannot be read back "
