@@ -62,11 +62,17 @@ def stream(
         while rows := cursor.fetchmany(BATCH):
             yield rows
     except sqlite3.Error as exc:
-        raise TemporaryStorageError(
-            f"kvstate's temporary storage in {_where()} cannot be read back "
-            f"({exc}): free space there or set TMPDIR to a roomier place; the journal is "
-            "not at fault"
-        ) from exc
+        raise _unreadable(exc) from exc
+
+
+def _unreadable(exc: sqlite3.Error) -> TemporaryStorageError:
+    # The environment failed, not the journal: never an answer without
+    # what was parked, and never blamed on the input.
+    return TemporaryStorageError(
+        f"kvstate's temporary storage in {_where()} cannot be read back "
+        f"({exc}): free space there or set TMPDIR to a roomier place; the journal is "
+        "not at fault"
+    )
 
 
 def _where() -> str:
@@ -83,10 +89,4 @@ def read(db: sqlite3.Connection | None, sql: str, args: tuple[Any, ...] = ()) ->
     try:
         return db.execute(sql, args).fetchall()
     except sqlite3.Error as exc:
-        # The environment failed, not the journal: never an answer without
-        # what was parked, and never blamed on the input.
-        raise TemporaryStorageError(
-            f"kvstate's temporary storage in {_where()} cannot be read back "
-            f"({exc}): free space there or set TMPDIR to a roomier place; the journal is "
-            "not at fault"
-        ) from exc
+        raise _unreadable(exc) from exc

@@ -6,7 +6,9 @@ the fold and the CLI exactly as an unseen journal would.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +123,62 @@ class JournalBuilder:
     def write(self, path: Path) -> Path:
         path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
         return path
+
+
+def legacy_run(folder: Path, policy: str = "legacy") -> Path:
+    """The simulator's run of seed 3, 40 requests (``legacy``: 203 violations),
+    written to ``folder/plain/POLICY.db``."""
+    from replay.cli import main
+
+    plain = folder / "plain" / f"{policy}.db"
+    plain.parent.mkdir(parents=True)
+    argv = ["run", "--journal", str(plain), "--policy", policy, "--seed", "3", "--requests", "40"]
+    main(argv)
+    return plain
+
+
+def on_disk(folder: Path) -> int:
+    """The bytes the files in ``folder`` take (one removed meanwhile: none)."""
+    total = 0
+    for p in folder.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            total += p.stat().st_size
+    return total
+
+
+def record_again(
+    plain: Path, out: Path, sizes: list[int] | None = None, **settings: object
+) -> str | None:
+    """``plain``'s records recorded again at ``out`` through ``Recorder.open``
+    with ``settings``, a commit per engine step (as the simulator commits);
+    ``sizes`` gets the journal's bytes on disk after each commit. With a
+    ``metrics`` address, returns what ``/metrics`` said before the close."""
+    from kvstate import Recorder
+    from replay.sources import entries
+
+    records = iter(entries([str(plain)]))
+    header = next(records).event
+    rec = Recorder.open(
+        out,
+        block_size=header.block_size,
+        world_size=header.world_size,
+        policy=header.policy,
+        engine=header.engine,
+        run=header.run,
+        **settings,  # type: ignore[arg-type]
+    )
+    step = 0
+    for entry in records:
+        if entry.step != step:
+            rec.commit()
+            step = entry.step
+            if sizes is not None:
+                sizes.append(on_disk(out.parent))
+        rec.record(entry.event, entry.step)
+    scraped = None
+    if settings.get("metrics"):
+        rec.commit(settle=True)
+        with urllib.request.urlopen(f"http://{settings['metrics']}/metrics", timeout=60) as r:
+            scraped = r.read().decode()
+    rec.close(raise_found=False)
+    return scraped

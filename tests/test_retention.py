@@ -12,14 +12,12 @@ verdict over records it did not see.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pickle
 import shutil
 import socket
 import sqlite3
-import urllib.request
 import zlib
 from pathlib import Path
 
@@ -29,67 +27,19 @@ import pytest
 from journal import Journal, JournalError, RecordError
 from journal import segments as seg
 from journal.segments import Rotating, Rotation, SegmentError
+from tests.builder import legacy_run, on_disk, record_again
 
 ROTATE, RETAIN = 131_072, 400_000
 
 
-def _record(
-    plain: Path, out: Path, sizes: list[int] | None = None, **settings: object
-) -> str | None:
-    """``plain``'s records recorded again at ``out``, a commit per engine step;
-    ``sizes`` gets the journal's bytes on disk after each commit. With a
-    ``metrics`` address, returns what ``/metrics`` said before the close."""
-    from kvstate import Recorder
-    from replay.sources import entries
-
-    records = iter(entries([str(plain)]))
-    header = next(records).event
-    rec = Recorder.open(
-        out,
-        block_size=header.block_size,
-        world_size=header.world_size,
-        policy=header.policy,
-        engine=header.engine,
-        run=header.run,
-        **settings,  # type: ignore[arg-type]
-    )
-    step = 0
-    for entry in records:
-        if entry.step != step:
-            rec.commit()
-            step = entry.step
-            if sizes is not None:
-                sizes.append(_on_disk(out.parent))
-        rec.record(entry.event, entry.step)
-    scraped = None
-    if settings.get("metrics"):
-        rec.commit(settle=True)
-        with urllib.request.urlopen(f"http://{settings['metrics']}/metrics", timeout=60) as r:
-            scraped = r.read().decode()
-    rec.close(raise_found=False)
-    return scraped
-
-
-def _on_disk(folder: Path) -> int:
-    total = 0
-    for p in folder.iterdir():
-        with contextlib.suppress(FileNotFoundError):  # removed by retention meanwhile
-            total += p.stat().st_size
-    return total
-
-
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[int]]:
-    from replay.cli import main
-
     folder = tmp_path_factory.mktemp("retained")
-    plain = folder / "plain" / "legacy.db"
-    plain.parent.mkdir()
-    main(["run", "--journal", str(plain), "--policy", "legacy", "--seed", "3", "--requests", "40"])
+    plain = legacy_run(folder)
     kept = folder / "kept" / "legacy.db"
     kept.parent.mkdir()
     sizes: list[int] = []
-    _record(plain, kept, sizes, rotate_bytes=ROTATE, retain_bytes=RETAIN)
+    record_again(plain, kept, sizes, rotate_bytes=ROTATE, retain_bytes=RETAIN)
     return plain, kept, sizes
 
 
@@ -114,7 +64,7 @@ def test_disk_stays_within_the_budget(twins: tuple[Path, Path, list[int]]) -> No
     # the budget counts the segment being written at its full size; a commit
     # may cross the rotation size before the rotation that follows it
     assert max(sizes) <= RETAIN + 32_768
-    assert _on_disk(kept.parent) <= RETAIN
+    assert on_disk(kept.parent) <= RETAIN
 
 
 def test_replay_from_the_checkpoint_reaches_the_verdicts_of_the_unrotated_twin(
@@ -149,15 +99,12 @@ def test_its_verdict_and_json_say_it_went_on_from_a_checkpoint(
 
 
 def test_a_clean_run_with_its_head_removed_is_never_plain_clean(tmp_path: Path) -> None:
-    from replay.cli import main
     from replay.verdict import replay
 
-    plain = tmp_path / "plain" / "kvstate.db"
-    plain.parent.mkdir()
-    main(["run", "--journal", str(plain), "--policy", "kvstate", "--seed", "3", "--requests", "40"])
+    plain = legacy_run(tmp_path, "kvstate")
     kept = tmp_path / "kept" / "kvstate.db"
     kept.parent.mkdir()
-    _record(plain, kept, rotate_bytes=ROTATE, retain_bytes=RETAIN)
+    record_again(plain, kept, rotate_bytes=ROTATE, retain_bytes=RETAIN)
     a, b = replay([str(plain)]), replay([str(kept)])
     assert not kept.exists() and not a.violations and not b.violations
     assert a.from_checkpoint is None and b.from_checkpoint is not None
@@ -252,17 +199,13 @@ def test_time_travel_after_the_checkpoint_sees_the_twins_ledger(
 
 
 def test_the_writer_process_publishes_segments_removals_and_the_budget(tmp_path: Path) -> None:
-    from replay.cli import main
-
-    plain = tmp_path / "plain" / "legacy.db"
-    plain.parent.mkdir()
-    main(["run", "--journal", str(plain), "--policy", "legacy", "--seed", "3", "--requests", "40"])
+    plain = legacy_run(tmp_path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
     out = tmp_path / "kept" / "legacy.db"
     out.parent.mkdir()
-    text = _record(plain, out, rotate_bytes=ROTATE, retain_bytes=RETAIN, metrics=address)
+    text = record_again(plain, out, rotate_bytes=ROTATE, retain_bytes=RETAIN, metrics=address)
     assert text is not None
 
     def value(name: str) -> float:

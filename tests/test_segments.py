@@ -152,34 +152,14 @@ def test_rotation_by_age(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 def twins(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The simulator's legacy run, and the same records recorded again through a
     recorder whose writer process rotates every few kilobytes."""
-    from kvstate import Recorder
-    from replay.cli import main
-    from replay.sources import entries
+    from tests.builder import legacy_run, record_again
 
     folder = tmp_path_factory.mktemp("twins")
-    plain = folder / "plain" / "legacy.db"
-    plain.parent.mkdir()
-    main(["run", "--journal", str(plain), "--policy", "legacy", "--seed", "3", "--requests", "40"])
+    plain = legacy_run(folder)
     rotated = folder / "rotated" / "legacy.db"
     rotated.parent.mkdir()
-    records = iter(entries([str(plain)]))
-    header = next(records).event
-    rec = Recorder.open(
-        rotated,
-        block_size=header.block_size,
-        world_size=header.world_size,
-        policy=header.policy,
-        engine=header.engine,
-        run=header.run,
-        rotate_bytes=131_072,  # a segment's schema alone is some 30 KB with its log
-    )
-    step = 0
-    for entry in records:
-        if entry.step != step:
-            rec.commit()  # one commit per engine step, as the simulator commits
-            step = entry.step
-        rec.record(entry.event, entry.step)
-    rec.close(raise_found=False)
+    # a segment's schema alone is some 30 KB with its log
+    record_again(plain, rotated, rotate_bytes=131_072)
     return plain, rotated
 
 
