@@ -35,7 +35,10 @@ from . import events as ev
 from ._layered import LayeredSet
 from ._ledger_state import FOLDED, LedgerState
 from ._parking import PARK_AFTER, SWEEP_EVERY, Parking
+from .codec import Entry
+from .ledger import Ledger
 from .rank import RankLedger, RankState
+from .spill import SpillArchive
 from .violations import Violation
 
 #: the layout of a checkpoint's parts; a reader refuses any other
@@ -50,6 +53,10 @@ FORMAT = 1
 #: finding shorter (the key log only names which enqueues wrote a key)
 NEWEST_PARKED = 100_000
 NEWEST_KEY_WRITES = 100_000
+#: the findings a checkpoint lists (the first ones; the rest are counted): a
+#: journal whose every record is a finding (a rank's, folded alone) must not
+#: grow its writer's memory or its checkpoints without end
+MAX_FINDINGS = 10_000
 #: the ledger fields stored as they are (the rank ledgers are stored by their state)
 _FIELDS = tuple(
     f.name for f in attrs.fields(LedgerState) if f.metadata.get(FOLDED) and f.name != "ranks"
@@ -61,12 +68,14 @@ def parts(
     ledger: LedgerState,
     found: Iterable[Violation],
     *,
+    omitted: int = 0,
     newest_parked: int = NEWEST_PARKED,
     newest_key_writes: int = NEWEST_KEY_WRITES,
 ) -> Iterator[bytes]:
-    """The checkpoint of ``ledger`` (and of ``found``, every finding so far), in
-    parts, carrying at most the newest ``newest_parked`` parked entities and
-    ``newest_key_writes`` key writes of its history."""
+    """The checkpoint of ``ledger`` (and of ``found``, the findings so far,
+    ``omitted`` more not listed), in parts, carrying at most the newest
+    ``newest_parked`` parked entities and ``newest_key_writes`` key writes
+    of its history."""
     state: dict[str, Any] = {name: getattr(ledger, name) for name in _FIELDS}
     state["reported_once"] = frozenset(ledger.reported_once)
     ranks = {
@@ -75,13 +84,44 @@ def parts(
     }
     parking = ledger.parking
     settled = parking.settled() if isinstance(parking, Parking) else None
-    forgotten = max(0, len(ledger.archive) - newest_parked)
+    history = {"forgotten": max(0, len(ledger.archive) - newest_parked), "omitted": omitted}
     # One pickle: a job's per-rank states stay the very objects its ranks hold.
-    yield _dumps(("ledger", FORMAT, state, ranks, settled, list(found), forgotten))
+    yield _dumps(("ledger", FORMAT, state, ranks, settled, list(found), history))
     for batch in ledger.archive.items(newest_parked):
         yield _dumps(("parked", batch))
     for writes in ledger.archive.key_writes(newest_key_writes):
         yield _dumps(("keys", writes))
+
+
+class Checkpoints:
+    """What a journal's writer keeps to write its checkpoints: the fold, as
+    replay folds the journal (``ledger``: one already folding so, the live
+    audit's; else one of its own), and its findings, the first
+    :data:`MAX_FINDINGS` listed and the rest counted."""
+
+    def __init__(self, ledger: Ledger | None = None) -> None:
+        #: whether this folds the records itself (else :meth:`note` is told the findings)
+        self.folds = ledger is None
+        self.ledger = ledger if ledger is not None else Ledger(archive=SpillArchive())
+        self.found: list[Violation] = []
+        self.omitted = 0
+
+    def fold(self, entries: Iterable[Entry]) -> None:
+        """Fold a committed batch (when this folds itself)."""
+        apply = self.ledger.apply
+        for seq, step, _ts, event in entries:
+            found = apply(seq, step, event)
+            if found:
+                self.note(found)
+
+    def note(self, found: list[Violation]) -> None:
+        room = MAX_FINDINGS - len(self.found)
+        self.found += found[:room]
+        self.omitted += max(0, len(found) - room)
+
+    def parts(self) -> Iterator[bytes]:
+        """The checkpoint after the last batch folded."""
+        return parts(self.ledger, self.found, omitted=self.omitted)
 
 
 @attrs.frozen
@@ -99,6 +139,8 @@ class Resumed:
     read_parts: Callable[[], Iterator[bytes]] = attrs.field(repr=False)
     #: settled jobs and requests the checkpoint no longer carries (see NEWEST_PARKED)
     forgotten: int = 0
+    #: findings before it that it counts but does not list (see MAX_FINDINGS)
+    omitted: int = 0
 
     @property
     def kind(self) -> str:
@@ -111,20 +153,28 @@ class Resumed:
             if self.forgotten
             else ""
         )
+        more = (
+            f"; it lists the first {MAX_FINDINGS:,} findings of those records, and "
+            f"{self.omitted:,} more were found"
+            if self.omitted
+            else ""
+        )
         return (
             f"records 1..{self.seq} were removed by retention; the fold went on from the "
-            f"checkpoint stored with {self.path} (segment {self.segment}){forgot}"
+            f"checkpoint stored with {self.path} (segment {self.segment}){forgot}{more}"
         )
 
 
-def summary_of(path: str, seq: int, first_part: bytes) -> tuple[ev.JournalOpened, int]:
-    """The journal's header, as the checkpoint's ledger state holds it, and
-    how many settled jobs and requests the checkpoint no longer carries."""
+def summary_of(path: str, seq: int, first_part: bytes) -> tuple[ev.JournalOpened, int, int]:
+    """The journal's header, as the checkpoint's ledger state holds it, how
+    many settled jobs and requests it no longer carries, and how many
+    findings it counts but does not list."""
     value = _ledger_part(path, seq, first_part)
     header = value[2].get("header")
     if not isinstance(header, ev.JournalOpened):
         raise RecordError("the checkpoint holds no journal_opened header", path=path, seq=seq)
-    return header, int(value[6])
+    history = value[6]
+    return header, int(history.get("forgotten", 0)), int(history.get("omitted", 0))
 
 
 def restore(ledger: LedgerState, resumed: Resumed) -> list[Violation]:
@@ -139,7 +189,7 @@ def restore(ledger: LedgerState, resumed: Resumed) -> list[Violation]:
     first = next(parts_iter, None)
     if first is None:
         raise RecordError("the checkpoint is empty", path=path, seq=seq)
-    _tag, _format, state, ranks, settled, found, _forgotten = _ledger_part(path, seq, first)
+    _tag, _format, state, ranks, settled, found, _history = _ledger_part(path, seq, first)
     for name in _FIELDS:
         if name in state and name != "reported_once":
             setattr(ledger, name, state[name])
@@ -183,11 +233,7 @@ def _ledger_part(path: str, seq: int, blob: bytes) -> tuple[Any, ...]:
             path=path,
             seq=seq,
         )
-    if (
-        not isinstance(value[2], dict)
-        or not isinstance(value[3], dict)
-        or type(value[6]) is not int
-    ):
+    if not all(type(value[i]) is dict for i in (2, 3, 6)):
         raise RecordError("the checkpoint's ledger is malformed", path=path, seq=seq)
     return value
 

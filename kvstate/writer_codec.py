@@ -43,6 +43,7 @@ from .violations import Code, Violation
 
 if TYPE_CHECKING:
     from .audit import Auditor
+    from .checkpoint import Checkpoints
     from .figures import Figures
     from .live_counts import LiveCounts
 
@@ -145,17 +146,14 @@ class BatchCodec:
             from .spill import SpillArchive
 
             self._auditor = Auditor.remote(audit, SpillArchive())
-        #: the fold a checkpoint is made of (retention: kvstate.checkpoint): the
-        #: audit's where it folds as replay does, else one of its own
-        self._replay_fold: Auditor | None = None
+        #: what checkpoints are made of (retention: kvstate.checkpoint): the
+        #: audit's fold where it folds as replay does, else one of their own
+        self._checkpoints: Checkpoints | None = None
         if checkpoints:
-            if self._auditor is not None and audit == "scheduler+workers":
-                self._replay_fold = self._auditor
-            else:
-                from .audit import Auditor
-                from .spill import SpillArchive
+            from .checkpoint import Checkpoints
 
-                self._replay_fold = Auditor.remote("scheduler+workers", SpillArchive())
+            same = self._auditor is not None and audit == "scheduler+workers"
+            self._checkpoints = Checkpoints(self._auditor.state() if same else None)  # type: ignore[union-attr]
         #: the decoded entries of the batch being committed (for the audit)
         self._entries: list[Entry] = []
         self._found: list[Violation] = []
@@ -213,7 +211,7 @@ class BatchCodec:
             else:
                 rank = event.rank if event.side == SIDE_WORKER else None
                 row = (seq, kind, step, rank, ts, payload)
-            if self._auditor is not None or self._replay_fold is not None:
+            if self._auditor is not None or self._checkpoints is not None:
                 audited.append(Entry(seq, step, ts, event))
             if self.figures is not None:
                 self._kinds.append(kind)
@@ -230,8 +228,12 @@ class BatchCodec:
         auditor = self._auditor
         found = [] if auditor is None else auditor.apply_entries(self._entries)
         self._found += found
-        if self._replay_fold is not None and self._replay_fold is not auditor:
-            self._replay_fold.apply_entries(self._entries)
+        checkpoints = self._checkpoints
+        if checkpoints is not None:
+            if checkpoints.folds:
+                checkpoints.fold(self._entries)
+            elif found:
+                checkpoints.note(found)
         self._entries = []
         figures = self.figures
         if figures is not None:
@@ -259,16 +261,9 @@ class BatchCodec:
         """The fold as it stands after the last commit, in parts (see
         :mod:`kvstate.checkpoint`): what a new segment begins with when the
         journal keeps a retention budget (:mod:`journal.retention`)."""
-        from .checkpoint import parts
-        from .ledger import Ledger
-
-        fold = self._replay_fold
-        if fold is None:
+        if self._checkpoints is None:
             raise RuntimeError("this codec was not built to write checkpoints")
-        ledger = fold.state()
-        if not isinstance(ledger, Ledger):
-            raise RuntimeError("a checkpoint is of the whole journal's fold")
-        return parts(ledger, fold.violations)
+        return self._checkpoints.parts()
 
     def report(self) -> bytes:
         """What the audit found since the last report."""

@@ -113,7 +113,7 @@ def resumed(journal: Journal) -> Located | None:
     first = next(iter(parts), None)
     if first is None:
         raise RecordError("the checkpoint is empty", path=journal.path, seq=seq)
-    header, forgotten = summary_of(journal.path, seq, first)
+    header, forgotten, omitted = summary_of(journal.path, seq, first)
 
     def read_parts() -> Iterator[bytes]:
         # read on a connection of its own: the segment may be closed by then
@@ -121,7 +121,7 @@ def resumed(journal: Journal) -> Located | None:
         with Journal(journal.path, readonly=True) as again:
             yield from again.checkpoint() or ()
 
-    resumed = Resumed(seq, journal.path, row[0], header, read_parts, forgotten)
+    resumed = Resumed(seq, journal.path, row[0], header, read_parts, forgotten, omitted)
     return Located(Entry(seq, 0, None, resumed), journal.path, seq, None)  # type: ignore[arg-type]
 
 

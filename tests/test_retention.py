@@ -258,7 +258,7 @@ def test_a_checkpoint_that_names_a_callable_is_refused_and_nothing_runs(tmp_path
         def __reduce__(self) -> tuple[object, ...]:
             return (os.system, (f"touch {marker}",))
 
-    blob = zlib.compress(pickle.dumps(("ledger", 1, {"x": Evil()}, {}, None, [], 0)))
+    blob = zlib.compress(pickle.dumps(("ledger", 1, {"x": Evil()}, {}, None, [], {})))
     header = JournalOpened(version=1, block_size=4, world_size=1)
     resumed = Resumed(7, "seg.db", 2, header, lambda: iter([blob]))
     with pytest.raises(RecordError, match=r"seg\.db \(seq 7\).*may not name"):
@@ -423,8 +423,8 @@ def test_a_checkpoint_carries_the_newest_history_and_says_what_it_forgot(
     parked = len(ledger.archive)
     assert parked > 10
     blobs = list(parts(ledger, [], newest_parked=10, newest_key_writes=5))
-    header, forgotten = summary_of("x.db", 9, blobs[0])
-    assert forgotten == parked - 10 and header == ledger.header
+    header, forgotten, omitted = summary_of("x.db", 9, blobs[0])
+    assert forgotten == parked - 10 and header == ledger.header and omitted == 0
     resumed = Resumed(9, "x.db", 2, header, lambda: iter(blobs), forgotten)
     again = Ledger(archive=SpillArchive())
     restore(again, resumed)
@@ -533,3 +533,27 @@ def test_every_segment_reads_with_sql_as_the_first_does(
     rows = conn.execute("SELECT seq, job, req FROM job_enqueued ORDER BY seq LIMIT 3").fetchall()
     conn.close()
     assert rows and all(isinstance(job, int) and req.startswith("req-") for _, job, req in rows)
+
+
+def test_a_checkpoint_lists_the_first_findings_and_counts_the_rest(
+    twins: tuple[Path, Path, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal whose records are mostly findings (a rank's, folded alone)
+    must not grow its writer or its checkpoints without end: the first
+    findings are listed, the rest counted, and the verdict says so."""
+    from kvstate import checkpoint
+    from kvstate.checkpoint import Checkpoints, Resumed, restore, summary_of
+    from kvstate.ledger import Ledger
+    from replay.sources import entries
+
+    monkeypatch.setattr(checkpoint, "MAX_FINDINGS", 50)
+    plain, _, _ = twins
+    kept = Checkpoints()
+    kept.fold(list(entries([str(plain)])))
+    assert len(kept.found) == 50 and kept.omitted > 100
+    blobs = list(kept.parts())
+    header, _, omitted = summary_of("x.db", 1707, blobs[0])
+    assert omitted == kept.omitted
+    resumed = Resumed(1707, "x.db", 9, header, lambda: iter(blobs), 0, omitted)
+    assert len(restore(Ledger(), resumed)) == 50
+    assert f"the first 50 findings of those records, and {omitted:,} more" in resumed.describe()
