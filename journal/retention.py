@@ -30,8 +30,10 @@ checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -59,25 +61,33 @@ def remove_old(first: str, current: int, rotation: Rotation) -> list[str]:
         if index >= current:
             break
         path = segment_path(first, index)
-        over = rotation.keep_bytes is not None and total > rotation.keep_bytes
-        old = (
-            rotation.keep_seconds is not None
-            and time.time() - os.path.getmtime(path) > rotation.keep_seconds
-        )
-        if not (over or old):
+        try:
+            over = rotation.keep_bytes is not None and total > rotation.keep_bytes
+            old = (
+                rotation.keep_seconds is not None
+                and time.time() - os.path.getmtime(path) > rotation.keep_seconds
+            )
+            if not (over or old):
+                break
+            after = segment_path(first, index + 1)
+            if not _begins_with_checkpoint(after, ident):
+                break  # what this segment folded into is nowhere else: kept
+            if index > 1 and _journal_id(path) != ident:
+                break  # not this journal's (never removed: it is not ours)
+            for name in (path, path + "-wal", path + "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
+        except OSError as exc:
+            # The journal goes on: a segment that cannot be removed now (its
+            # folder's permissions, a file held elsewhere) is over the budget
+            # until a later rotation can; never a reason to stop recording.
+            print(f"journal retention: {path} not removed: {exc}", file=sys.stderr)
             break
-        after = segment_path(first, index + 1)
-        if not _begins_with_checkpoint(after, ident):
-            break  # what this segment folded into is nowhere else: kept
-        if index > 1 and _journal_id(path) != ident:
-            break  # not this journal's (never removed: it is not ours)
-        for name in (path, path + "-wal", path + "-shm"):
-            if os.path.exists(name):
-                os.unlink(name)
         removed.append(path)
         total -= sizes[index]
     if removed:
-        _sync_folder(os.path.dirname(first))
+        with contextlib.suppress(OSError):
+            _sync_folder(os.path.dirname(first))
     return removed
 
 

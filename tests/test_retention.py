@@ -557,3 +557,34 @@ def test_a_checkpoint_lists_the_first_findings_and_counts_the_rest(
     resumed = Resumed(1707, "x.db", 9, header, lambda: iter(blobs), 0, omitted)
     assert len(restore(Ledger(), resumed)) == 50
     assert f"the first 50 findings of those records, and {omitted:,} more" in resumed.describe()
+
+
+def test_a_segment_that_cannot_be_removed_does_not_stop_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Retention is housekeeping: an unlink refused is said on stderr, the
+    segment stays over the budget until a later rotation, and every commit
+    goes on being written."""
+    first = tmp_path / "engine.db"
+    rotating = _rotating(first, Rotation(max_bytes=16_384, keep_bytes=40_000))
+    real_unlink = os.unlink
+
+    def refuse(name: str | os.PathLike[str]) -> None:
+        if str(name).endswith(".db") and "engine" in str(name):
+            raise PermissionError(13, "Permission denied", str(name))
+        real_unlink(name)
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    pack = msgpack.packb
+    for c in range(30):
+        rotating.journal.append_rows([(c * 10 + i, "k", c, None, c, pack({"n": "x" * 200}))
+                                      for i in range(1, 11)])  # fmt: skip
+        rotating.committed()
+    rotating.journal.close()
+    assert not rotating.removed and first.exists()
+    assert "not removed: [Errno 13] Permission denied" in capsys.readouterr().err
+    seqs = []
+    for journal in seg.segments(first):
+        with journal:
+            seqs += [row[0] for row in journal.stored_rows()]
+    assert seqs == list(range(1, 301))
