@@ -341,6 +341,12 @@ def open_next(
     if not os.path.exists(path):
         beyond = [i for i in _later_indexes(first) if i > index]
         if beyond:
+            if not os.path.exists(first) and not os.path.exists(previous):
+                # the writer's retention went past this reader (a journal still written)
+                raise SegmentError(
+                    f"{path}: removed by retention while the journal was read (it now "
+                    f"begins at segment {beyond[0]}): read it again"
+                )
             raise SegmentError(
                 f"{path}: segment {index} is missing, and segment {beyond[0]} exists"
             )

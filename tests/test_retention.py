@@ -588,3 +588,21 @@ def test_a_segment_that_cannot_be_removed_does_not_stop_the_journal(
         with journal:
             seqs += [row[0] for row in journal.stored_rows()]
     assert seqs == list(range(1, 301))
+
+
+def test_a_reader_that_retention_overtakes_is_told_to_read_again(tmp_path: Path) -> None:
+    first = tmp_path / "engine.db"
+    rotating = _rotating(first, Rotation(max_bytes=16_384, keep_bytes=10_000_000))
+    pack = msgpack.packb
+    for c in range(40):
+        rotating.journal.append_rows([(c * 10 + i, "k", c, None, c, pack({"n": "x" * 200}))
+                                      for i in range(1, 11)])  # fmt: skip
+        rotating.committed()
+    rotating.journal.close()
+    reading = seg.segments(first)
+    with next(reading) as journal:
+        list(journal.stored_rows())
+        for gone in (first, Path(seg.segment_path(str(first), 2))):  # as retention would
+            gone.unlink()
+    with pytest.raises(SegmentError, match="removed by retention while the journal was read"):
+        next(reading)
