@@ -48,6 +48,7 @@ WORKLOAD = {
     "watchdog": 300.0,
 }
 TIER: dict[str, Any] = {"connector": "offloading", "copy_steps": 40, "tier_bytes": 1 << 21}
+RETAINED = {"kvstate_rotate_bytes": 65_536, "kvstate_retain_bytes": 3 * 65_536}
 
 
 def _engines(
@@ -81,6 +82,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         # the connector setting, flushes dropped, vLLM's stat loggers on
         ("metrics", {"mode": "journal", "via": "connector", "flushes": False, "metrics": True,
                      **TIER}),
+        # the connector setting, each journal rotated at 64 KiB and kept within 192 KiB
+        ("retained", {"mode": "journal", "via": "connector", "kvstate_extra": RETAINED, **TIER}),
     ]  # fmt: skip
     return _engines(tmp_path_factory.mktemp("offloading"), plan, env)
 
@@ -161,6 +164,34 @@ def test_a_rank_without_a_tier_audit_journals_the_same_transitions_from_fewer_ca
     _, full = _replayed(runs, "install")
     assert not AUDIT_KINDS & set(kinds), kinds
     assert kinds == {k: n for k, n in full.items() if k not in AUDIT_KINDS}
+
+
+@pytest.mark.vllm
+def test_an_engine_whose_journals_rotate_and_keep_a_budget(runs: dict[str, dict]) -> None:
+    """Rotation and retention from the connector's extra config, in the real
+    engine: vLLM's outputs are the references, each journal keeps within its
+    budget, and what is left of each replays by itself from its checkpoint."""
+    from journal import segments
+    from replay.runs import journal_files
+
+    run = runs["retained"]
+    assert "watchdog" not in run, run.get("watchdog")
+    ref = _tokens(runs["reference"], "round1")
+    assert _tokens(run, "round1") == ref and _tokens(run, "round2") == ref
+    folder = Path(run["journal_dir"])
+    starts = journal_files([str(folder)])
+    assert sorted(Path(p).name.split("-")[1] for p in starts) == ["scheduler", "worker"], starts
+    removed = 0
+    for start in starts:
+        head = segments.head_name(start)
+        files = [p for p in folder.iterdir() if p.name.startswith(Path(head).stem + ".")]
+        assert sum(p.stat().st_size for p in files) <= RETAINED["kvstate_retain_bytes"]
+        result = replay([start])  # unusable input would raise
+        if not os.path.exists(head):
+            removed += 1
+            assert result.from_checkpoint is not None
+            assert result.to_dict()["from_checkpoint"]["after_seq"] > 0
+    assert removed >= 1  # the scheduler's journal, at least, lost its head
 
 
 @pytest.mark.vllm

@@ -346,8 +346,14 @@ def _transfer_config(cfg: dict[str, Any], journaled: bool) -> Any:
     if connector == "multi":
         via_connector = False  # install() observes every child of the MultiConnector
     store_extra: dict[str, Any] = {"load_async": True}
+    # the observer's own settings (rotation, retention) ride the connector's extra config
+    observer = (
+        {"kvstate_journal_dir": cfg["journal_dir"], **cfg.get("kvstate_extra", {})}
+        if via_connector
+        else {}
+    )
     if via_connector:
-        store_extra["kvstate_journal_dir"] = cfg["journal_dir"]
+        store_extra.update(observer)
     module = {"kv_connector_module_path": "kvstate.vllm"} if via_connector else {}
     store = {
         "kv_connector": (
@@ -369,7 +375,7 @@ def _transfer_config(cfg: dict[str, Any], journaled: bool) -> Any:
         host_tier.DELAY_KEY: int(cfg.get("copy_steps", 0)),
     }
     if via_connector:
-        tier_extra["kvstate_journal_dir"] = cfg["journal_dir"]
+        tier_extra.update(observer)
     offloading = {
         "kv_connector": "JournaledOffloadingConnector" if via_connector else "OffloadingConnector",
         "kv_role": "kv_both",
