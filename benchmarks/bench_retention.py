@@ -36,7 +36,7 @@ from benchmarks.bench_hot_path import BLOCK, WORLD, lifecycle
 from kvstate import Recorder, SpillArchive
 
 #: issue 31's record rate, and the bytes a record takes in a journal
-RATE, RECORD_BYTES = 2_000, 82
+RATE = 2_000
 #: a day's configuration: segments of 1 GiB, at most 4 GiB kept
 DAY_SEGMENT, DAY_BUDGET = 1 << 30, 4 << 30
 #: records a bench_hot_path lifecycle writes (a job on two ranks, its request)

@@ -41,10 +41,18 @@ STALL_S = 120.0
 KVSTATE = [sys.executable, "-m", "replay"]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _ports(n: int) -> list[int]:
+    """``n`` distinct free ports: each socket is held until all are chosen (one
+    closed at once may be handed out again, and two servers on one port is a
+    server that never starts)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _get(url: str) -> Any:
@@ -52,10 +60,20 @@ def _get(url: str) -> Any:
         return json.loads(response.read())
 
 
-def _wait(what: str, done: Callable[[], bool], marks: Callable[[], object]) -> None:
-    """Poll ``done`` while ``marks()`` keeps changing (see the module docstring)."""
+def _wait(
+    what: str,
+    done: Callable[[], bool],
+    marks: Callable[[], object],
+    procs: list[subprocess.Popen[bytes]],
+) -> None:
+    """Poll ``done`` while ``marks()`` keeps changing (see the module docstring)
+    and every process of ``procs`` runs (Prometheus evaluates its rules on
+    whether or not ``kvstate watch`` is still there to scrape)."""
     stall = Stall(STALL_S, marks(), time.monotonic())
     while not done():
+        for p in procs:
+            if p.poll() is not None:
+                pytest.fail(f"waiting for {what}: {p.args[:4]} exited with {p.returncode}")
         if stall.stalled(marks(), time.monotonic()):
             pytest.fail(f"waiting for {what}: nothing moved for {STALL_S:.0f} s")
         time.sleep(0.2)
@@ -67,7 +85,7 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[Path, str, list[subprocess.Pope
         pytest.fail("Debian's prometheus is not installed (make system-packages installs it)")
     folder = tmp_path / "journals"
     folder.mkdir()
-    watch_at, prom_at = f"127.0.0.1:{_port()}", f"127.0.0.1:{_port()}"
+    watch_at, prom_at = (f"127.0.0.1:{port}" for port in _ports(2))
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
@@ -131,7 +149,7 @@ def test_the_violation_alert_fires_for_the_legacy_run_and_never_for_its_fixed_tw
     def cpu() -> object:
         return tuple(cpu_ticks(p.pid) for p in procs)
 
-    _wait("Prometheus to be ready", lambda: _ready(base), cpu)
+    _wait("Prometheus to be ready", lambda: _ready(base), cpu, procs)
     # the simulator writes both journals while they are watched and scraped
     runs = {"legacy": ["--policy", "legacy"], "fixed": []}
     for name, policy in runs.items():
@@ -160,7 +178,7 @@ def test_the_violation_alert_fires_for_the_legacy_run_and_never_for_its_fixed_tw
         states()
         return "firing" in seen["legacy"]
 
-    _wait("the violation alert of the legacy run", legacy_fired, marks)
+    _wait("the violation alert of the legacy run", legacy_fired, marks, procs)
     assert seen["legacy"][:2] == ["pending", "firing"], seen
 
     # The fixed twin: every record scraped, then longer than the rule's `for`
@@ -168,14 +186,14 @@ def test_the_violation_alert_fires_for_the_legacy_run_and_never_for_its_fixed_tw
     with Journal(str(folder / "fixed.db"), readonly=True) as journal:
         records = journal.head()[0]
     query = f'kvstate_records_total{{journal=~".*fixed.db"}} == {records}'
-    _wait("the fixed run's figures", lambda: bool(_query(base, query)), marks)
+    _wait("the fixed run's figures", lambda: bool(_query(base, query)), marks, procs)
     start = _evaluations(base)
 
     def long_enough() -> bool:
         states()
         return _evaluations(base) >= start + 15
 
-    _wait("fifteen evaluations of the rules", long_enough, marks)
+    _wait("fifteen evaluations of the rules", long_enough, marks, procs)
     assert seen["fixed"] == [], seen
     firing = _query(base, 'ALERTS{alertname="KvstateViolation", alertstate="firing"}')
     assert {Path(r["metric"]["journal"]).stem for r in firing} == {"legacy"}

@@ -38,10 +38,18 @@ class MasterAddress:
     rpc_address: str
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: each socket is held until all are chosen (a
+    port closed at once may be handed out again, and a master given one port
+    twice never starts)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _answers(host: str, port: int) -> bool:
@@ -113,7 +121,7 @@ class MooncakeMaster:
                 "mooncake_master not found: install the 'mooncake' extra "
                 "(mooncake-transfer-engine-non-cuda)"
             )
-        metadata, rpc, metrics = _free_port(), _free_port(), _free_port()
+        metadata, rpc, metrics = _free_ports(3)
         log: int | IO[bytes] = subprocess.DEVNULL
         if self.log_path:
             log = open(self.log_path, "ab")  # noqa: SIM115 - closed below, once the child has it
