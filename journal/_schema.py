@@ -104,8 +104,10 @@ def segment_row(conn: sqlite3.Connection) -> tuple[int, str, int, bytes, str | N
             f"SELECT segment_index, journal_id, previous_seq, previous_link, previous_name "
             f"FROM {SEGMENT}"
         ).fetchone()
-    except sqlite3.OperationalError:  # no such table: a whole journal, or a first segment
-        return None
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):  # a whole journal, or a first segment
+            return None
+        raise
     if row is None:
         return None
     return int(row[0]), str(row[1]), int(row[2]), bytes(row[3]), row[4]
@@ -144,8 +146,10 @@ def checkpoint_parts(conn: sqlite3.Connection) -> Iterator[bytes] | None:
     """The parts of this segment's checkpoint in order, or None without one."""
     try:
         cursor = conn.execute(f"SELECT data FROM {CHECKPOINT} ORDER BY part")
-    except sqlite3.OperationalError:  # no such table
-        return None
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return None
+        raise
     return (row[0] for row in cursor)
 
 

@@ -230,7 +230,10 @@ class Journal:
     def segment(self) -> tuple[int, str, int, bytes, str | None] | None:
         """(index, journal id, previous seq, previous link, previous file) of a
         later segment; None for a whole journal or a first segment."""
-        return _schema.segment_row(self._conn)
+        try:
+            return _schema.segment_row(self._conn)
+        except _UNREADABLE as exc:
+            raise JournalError(f"{self.path}: cannot read the segment table: {exc}") from exc
 
     # -- writing -----------------------------------------------------------------
 

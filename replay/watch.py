@@ -27,6 +27,7 @@ from journal import JournalError, RecordError, is_journal_file, segments
 from kvstate import events as ev
 from kvstate.checkpoint import Resumed
 from kvstate.codec import from_stored
+from kvstate.errors import TemporaryStorageError
 from kvstate.figures import Figures
 from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
@@ -119,7 +120,9 @@ class _Followed:
                 kinds.append(kind)
                 if self.ledger is not None:
                     found += self.ledger.apply(seq, entry.step, entry.event)
-        except (RecordError, JournalError) as exc:
+        except (RecordError, JournalError, OSError, TemporaryStorageError) as exc:
+            # one journal that cannot be read on is said on its line (and its
+            # kvstate_journal_readable gauge); the others are followed on
             f.error = str(exc)
         f.fold(kinds, found, self.ledger)
         if f.folded >= f.written:
