@@ -174,6 +174,20 @@ def check(conn: sqlite3.Connection, path: str) -> None:
         raise JournalError(f"{path}: unknown journal schema version {found!r}")
 
 
+def view_definitions(conn: sqlite3.Connection) -> list[str]:
+    """The SQL of every view of the journal (what a later segment repeats)."""
+    rows = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'view' ORDER BY name")
+    return [row[0] for row in rows]
+
+
+def define_views(conn: sqlite3.Connection, definitions: Sequence[str], path: str) -> None:
+    """Make the views :func:`view_definitions` read from another segment."""
+    for sql in definitions:
+        if not sql.upper().startswith("CREATE VIEW "):
+            raise JournalError(f"{path}: not a view definition: {sql[:60]!r}")
+        conn.execute(sql)
+
+
 def create_views(conn: sqlite3.Connection, kinds: Mapping[str, Sequence[str]]) -> None:
     """One view per kind, named after it, with the payload fields as columns.
 

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sqlite3
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -33,7 +31,8 @@ from typing import Any
 import msgpack
 
 from . import _chain, _schema, _values
-from .errors import JournalError, RecordError, TamperedError
+from ._readonly import connect_readonly, forget_copy
+from .errors import JournalError, RecordError
 from .record import Record
 
 #: what reading a damaged file raises: SQLite's errors, and a TEXT value
@@ -70,37 +69,6 @@ def is_journal_file(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def _connect_readonly(path: str) -> tuple[sqlite3.Connection, str | None]:
-    """A read-only connection to the journal at ``path``, and the private
-    folder it reads from when it cannot read the file in place.
-
-    A writer killed while SQLite changed the file's journal mode (closing a
-    segment, or opening the next, see :mod:`journal.segments`) leaves a hot
-    rollback journal (``-journal``) beside it, or a header saying WAL with
-    the log already folded in and removed. SQLite cannot read either
-    read-only: it would first roll back, or make a new log. The file is
-    then copied, with what lies beside it, into a private temporary folder
-    and read there, so the user's files are never changed; the folder is
-    removed when the journal is closed.
-    """
-    uri = f"file:{path}?mode=ro"
-    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-    try:
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        return conn, None
-    except sqlite3.OperationalError as exc:
-        if "readonly" not in str(exc):
-            raise
-        conn.close()
-    private = tempfile.mkdtemp(prefix="kvstate-journal-")
-    copy = os.path.join(private, os.path.basename(path))
-    for suffix in ("", "-journal", "-wal"):
-        if os.path.exists(path + suffix):
-            shutil.copyfile(path + suffix, copy + suffix)
-    conn = sqlite3.connect(copy, isolation_level=None, check_same_thread=False)
-    return conn, private
-
-
 class Journal:
     """An append-only, hash-chained journal of :class:`Record` in one SQLite file.
 
@@ -122,7 +90,7 @@ class Journal:
         if synchronous not in SYNCHRONOUS:
             raise JournalError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
         self.synchronous = synchronous
-        #: a private copy read where the file cannot be read in place (see _connect_readonly)
+        #: a private copy read where the file cannot be read in place (journal._readonly)
         self._private: str | None = None
         try:
             if readonly:
@@ -130,7 +98,7 @@ class Journal:
                     raise JournalError(f"{self.path}: no such journal")
                 if os.path.isdir(self.path):
                     raise JournalError(f"{self.path}: is a directory, not a journal")
-                self._conn, self._private = _connect_readonly(self.path)
+                self._conn, self._private = connect_readonly(self.path)
             else:
                 self._conn = sqlite3.connect(
                     self.path, isolation_level=None, check_same_thread=False
@@ -316,21 +284,15 @@ class Journal:
     def view_definitions(self) -> list[str]:
         """The SQL that made this journal's views (a later segment gets the same)."""
         try:
-            rows = self._conn.execute(
-                "SELECT sql FROM sqlite_master WHERE type = 'view' ORDER BY name"
-            ).fetchall()
+            return _schema.view_definitions(self._conn)
         except _UNREADABLE as exc:
             raise JournalError(f"{self.path}: cannot read the journal's views: {exc}") from exc
-        return [row[0] for row in rows]
 
     def define_views(self, definitions: Sequence[str]) -> None:
         """Make views from :meth:`view_definitions` of another segment of this journal."""
         if self.readonly:
             raise JournalError(f"{self.path}: journal is open read-only")
-        for sql in definitions:
-            if not sql.upper().startswith("CREATE VIEW "):
-                raise JournalError(f"{self.path}: not a view definition: {sql[:60]!r}")
-            self._conn.execute(sql)
+        _schema.define_views(self._conn, definitions, self.path)
 
     # -- reading -----------------------------------------------------------------
 
@@ -392,7 +354,7 @@ class Journal:
         last = after
         try:
             start, previous = self._link_at_or_before(after) if verify else (after, None)
-            check = _Verifier(self.path, previous) if previous is not None else None
+            check = _chain.Verifier(self.path, previous) if previous is not None else None
             cursor = self._conn.execute(f"{_SELECT} WHERE seq > ? ORDER BY seq", (start,))
             while True:
                 rows = cursor.fetchmany(_READ_CHUNK)
@@ -428,7 +390,7 @@ class Journal:
         """
         should_stop = stop.is_set if isinstance(stop, threading.Event) else stop
         last, previous = self._link_at_or_before(after)
-        check = _Verifier(self.path, previous)
+        check = _chain.Verifier(self.path, previous)
         while True:
             try:
                 rows = self._conn.execute(
@@ -520,7 +482,7 @@ class Journal:
                 self._conn.execute("PRAGMA journal_mode = DELETE")
         self._conn.close()
         if self._private is not None:
-            shutil.rmtree(self._private, ignore_errors=True)
+            forget_copy(self._private)
             self._private = None
 
     def __enter__(self) -> Journal:
@@ -528,55 +490,3 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _Verifier:
-    """Checks rows against the chain, one commit at a time.
-
-    Rows are held until the row carrying their commit's link arrives; then
-    the link is recomputed (:func:`journal._chain.link`) and, if it matches,
-    the commit's rows are handed out. Schema-1 journals link every row, so
-    each of their rows is a commit of one.
-    """
-
-    def __init__(self, path: str, previous: bytes) -> None:
-        self.path = path
-        self.previous = previous
-        self.pending: list[tuple[Any, ...]] = []
-
-    def feed(self, rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], RecordError | None]:
-        """The rows of every commit completed and verified by ``rows``, and the
-        error for the first commit that fails (None when none does)."""
-        good: list[tuple[Any, ...]] = []
-        pending = self.pending
-        for row in rows:
-            seq, kind, _step, _rank, _ts, payload, digest = row
-            if (
-                type(payload) is not bytes
-                or type(kind) is not str
-                or (digest is not None and type(digest) is not bytes)
-            ):
-                why = "row does not have the journal's column types"
-                return good, RecordError(why, path=self.path, seq=seq)
-            pending.append(row)
-            if digest is None:
-                continue
-            if _chain.link(self.previous, (r[:6] for r in pending)) != digest:
-                first = pending[0][0]
-                span = f"seq {seq}" if first == seq else f"seqs {first}..{seq}"
-                why = (
-                    f"the link of the commit of {span} does not match the hash chain: "
-                    "a record of it or one before it was changed"
-                )
-                return good, TamperedError(why, path=self.path, seq=first)
-            self.previous = digest
-            good.extend(pending)
-            pending.clear()
-        return good, None
-
-    def end(self) -> None:
-        """At the end of the rows: records after the last link were never chained."""
-        if self.pending:
-            first, last = self.pending[0][0], self.pending[-1][0]
-            why = f"records of seqs {first}..{last} are not covered by a link of the hash chain"
-            raise TamperedError(why, path=self.path, seq=first)
