@@ -50,18 +50,33 @@ def _rotating(first: Path, rotation: Rotation) -> Rotating:
     return rotating
 
 
-def test_retention_by_age_removes_segments_older_than_the_budget(tmp_path: Path) -> None:
-    first = tmp_path / "engine.db"
-    rotating = _rotating(first, Rotation(max_bytes=16_384, keep_seconds=3600))
+def _commits(rotating: Rotating, start: int, end: int) -> None:
+    """Commits ``start``..``end - 1`` of ten 200-byte records each, each followed
+    by the writer's rotation check (and its retention)."""
     pack = msgpack.packb
-    for c in range(30):
+    for c in range(start, end):
         rotating.journal.append_rows([(c * 10 + i, "k", c, None, c, pack({"n": "x" * 200}))
                                       for i in range(1, 11)])  # fmt: skip
         rotating.committed()
-        if c == 20:  # every closed segment so far is made two hours old
-            for path in [str(first), *seg.later_segments(str(first))]:
-                if path != rotating.journal.path:
-                    os.utime(path, (0, os.path.getmtime(path) - 7200))
+
+
+def _seqs(first: Path) -> list[int]:
+    """The seqs of what is left, read as one chain."""
+    seqs = []
+    for journal in seg.segments(first):
+        with journal:
+            seqs += [row[0] for row in journal.stored_rows()]
+    return seqs
+
+
+def test_retention_by_age_removes_segments_older_than_the_budget(tmp_path: Path) -> None:
+    first = tmp_path / "engine.db"
+    rotating = _rotating(first, Rotation(max_bytes=16_384, keep_seconds=3600))
+    _commits(rotating, 0, 21)
+    for path in [str(first), *seg.later_segments(str(first))]:  # made two hours old
+        if path != rotating.journal.path:
+            os.utime(path, (0, os.path.getmtime(path) - 7200))
+    _commits(rotating, 21, 30)
     rotating.journal.close()
     assert rotating.removed and not first.exists()
     left = seg.later_segments(str(first))
@@ -120,29 +135,17 @@ def test_a_segment_that_cannot_be_removed_does_not_stop_the_journal(
         real_unlink(name)
 
     monkeypatch.setattr(os, "unlink", refuse)
-    pack = msgpack.packb
-    for c in range(30):
-        rotating.journal.append_rows([(c * 10 + i, "k", c, None, c, pack({"n": "x" * 200}))
-                                      for i in range(1, 11)])  # fmt: skip
-        rotating.committed()
+    _commits(rotating, 0, 30)
     rotating.journal.close()
     assert not rotating.removed and first.exists()
     assert "not removed: [Errno 13] Permission denied" in capsys.readouterr().err
-    seqs = []
-    for journal in seg.segments(first):
-        with journal:
-            seqs += [row[0] for row in journal.stored_rows()]
-    assert seqs == list(range(1, 301))
+    assert _seqs(first) == list(range(1, 301))
 
 
 def test_a_reader_that_retention_overtakes_is_told_to_read_again(tmp_path: Path) -> None:
     first = tmp_path / "engine.db"
     rotating = _rotating(first, Rotation(max_bytes=16_384, keep_bytes=10_000_000))
-    pack = msgpack.packb
-    for c in range(40):
-        rotating.journal.append_rows([(c * 10 + i, "k", c, None, c, pack({"n": "x" * 200}))
-                                      for i in range(1, 11)])  # fmt: skip
-        rotating.committed()
+    _commits(rotating, 0, 40)
     rotating.journal.close()
     reading = seg.segments(first)
     with next(reading) as journal:

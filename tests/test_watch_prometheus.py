@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from typing import Any
 import pytest
 
 from journal import Journal
+from kvstate.harness.live.master import free_ports
 from kvstate.harness.vllm_engine.progress import Stall, cpu_ticks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,20 +39,6 @@ RULES = ROOT / "docs" / "ops" / "kvstate-alerts.yml"
 #: a wait that stops moving for this long fails the test (CPU and evaluations both still)
 STALL_S = 120.0
 KVSTATE = [sys.executable, "-m", "replay"]
-
-
-def _ports(n: int) -> list[int]:
-    """``n`` distinct free ports: each socket is held until all are chosen (one
-    closed at once may be handed out again, and two servers on one port is a
-    server that never starts)."""
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _get(url: str) -> Any:
@@ -85,7 +71,7 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[Path, str, list[subprocess.Pope
         pytest.fail("Debian's prometheus is not installed (make system-packages installs it)")
     folder = tmp_path / "journals"
     folder.mkdir()
-    watch_at, prom_at = (f"127.0.0.1:{port}" for port in _ports(2))
+    watch_at, prom_at = (f"127.0.0.1:{port}" for port in free_ports(2))
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"

@@ -38,7 +38,7 @@ class MasterAddress:
     rpc_address: str
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
     """``n`` distinct free ports: each socket is held until all are chosen (a
     port closed at once may be handed out again, and a master given one port
     twice never starts)."""
@@ -121,7 +121,7 @@ class MooncakeMaster:
                 "mooncake_master not found: install the 'mooncake' extra "
                 "(mooncake-transfer-engine-non-cuda)"
             )
-        metadata, rpc, metrics = _free_ports(3)
+        metadata, rpc, metrics = free_ports(3)
         log: int | IO[bytes] = subprocess.DEVNULL
         if self.log_path:
             log = open(self.log_path, "ab")  # noqa: SIM115 - closed below, once the child has it
