@@ -56,6 +56,13 @@ def _copy_sets(d: dict[Any, dict[int, None]]) -> dict[Any, dict[int, None]]:
     return {k: dict(v) for k, v in d.items()}
 
 
+#: evicted keys remembered, the newest: only a finding's wording ("evicted",
+#: not "never held") and its chain read them, and a tier that cycles through
+#: prefixes for weeks evicts keys without end (the fold, and every retention
+#: checkpoint, would grow with them)
+EVICTED_KEPT = 100_000
+
+
 @attrs.define(slots=True)
 class OffloadState:
     """The offloading protocol's folded state (see the module docstring)."""
@@ -73,7 +80,8 @@ class OffloadState:
     flushed: dict[int, int] = attrs.Factory(dict)
     #: tier key -> the seq of the tier_stored that holds it now
     held: dict[str, int] = attrs.Factory(dict)
-    #: tier key -> the seq of the tier_evicted that dropped it last
+    #: tier key -> the seq of the tier_evicted that dropped it last, for the
+    #: newest EVICTED_KEPT keys evicted and not stored since
     evicted: dict[str, int] = attrs.Factory(dict)
     #: tier key -> live loads reading it
     reading: dict[str, dict[int, None]] = attrs.Factory(dict)
@@ -372,7 +380,10 @@ class OffloadState:
         for key in keys:
             self._under_a_load(seq, key, "evicted", jobs, out)
             self.held.pop(key, None)
+            self.evicted.pop(key, None)  # the newest eviction last
             self.evicted[key] = seq
+            if len(self.evicted) > EVICTED_KEPT:
+                del self.evicted[next(iter(self.evicted))]  # the oldest
 
     def _under_a_load(
         self, seq: int, key: str, how: str, jobs: dict[int, StoreJobState], out: Out

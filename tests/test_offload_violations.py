@@ -402,3 +402,17 @@ def test_a_snapshot_folds_on_independently() -> None:
         "UNFLUSHED_REUSE"
     ]
     assert copy == ledger
+
+
+def test_the_evicted_keys_remembered_are_the_newest_and_bounded(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A tier that cycles through prefixes for weeks evicts keys without end:
+    the fold remembers the newest evictions only (they word a finding), so
+    it, and every retention checkpoint, stays bounded."""
+    from kvstate import _offload
+
+    monkeypatch.setattr(_offload, "EVICTED_KEPT", 3)
+    state = _offload.OffloadState()
+    out: list = []  # type: ignore[type-arg]
+    for seq, key in enumerate(["a", "b", "c", "d", "b", "e"], 1):
+        state.tier_evicted(seq, (key,), {}, out)
+    assert list(state.evicted.items()) == [("d", 4), ("b", 5), ("e", 6)] and out == []
