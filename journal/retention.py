@@ -35,12 +35,15 @@ import os
 import sqlite3
 import sys
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
-from ._schema import CHECKPOINT, SEGMENT
+from ._schema import checkpoint_parts, segment_row
 
 if TYPE_CHECKING:
     from .segments import Rotation
+
+T = TypeVar("T")
 
 
 def remove_old(first: str, current: int, rotation: Rotation) -> list[str]:
@@ -91,22 +94,27 @@ def remove_old(first: str, current: int, rotation: Rotation) -> list[str]:
     return removed
 
 
-def _query(path: str, sql: str) -> list[tuple[object, ...]]:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+def _read(path: str, what: Callable[[sqlite3.Connection], T]) -> T | None:
+    """``what`` of the segment at ``path``, read on a connection of its own
+    (None: the file cannot be read)."""
     try:
-        return conn.execute(sql).fetchall()
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     except sqlite3.Error:
-        return []
+        return None
+    try:
+        return what(conn)
+    except sqlite3.Error:
+        return None
     finally:
         conn.close()
 
 
 def _journal_id(path: str) -> str | None:
-    rows = _query(path, f"SELECT journal_id FROM {SEGMENT}")
-    return str(rows[0][0]) if rows else None
+    row = _read(path, segment_row)
+    return None if row is None else row[1]
 
 
 def _begins_with_checkpoint(path: str, ident: str | None) -> bool:
     if not os.path.exists(path) or _journal_id(path) != ident:
         return False
-    return bool(_query(path, f"SELECT 1 FROM {CHECKPOINT} LIMIT 1"))
+    return bool(_read(path, lambda conn: checkpoint_parts(conn) is not None))

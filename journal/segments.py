@@ -149,7 +149,7 @@ class Rotation:
         seq, link = journal.head()
         if seq == BEFORE_FIRST:
             raise JournalError(f"{journal.path}: an empty segment is not rotated")
-        ident = _id_of(journal, first)
+        ident = _id_of(journal)
         views = journal.view_definitions()  # each segment reads with SQL as the first does
         journal.close()  # its commits are durable already; closing folds the WAL in
         path = segment_path(first, index + 1)
@@ -201,12 +201,11 @@ def _sync_folder(folder: str) -> None:
         os.close(fd)
 
 
-def _id_of(journal: Journal, first: str) -> str:
-    row = journal.segment()
-    if row is not None:
-        return row[1]
-    with Journal(first, readonly=True) as head:
-        return journal_id(head)
+def _id_of(journal: Journal) -> str:
+    ident = id_of_open(journal)
+    if ident is None:
+        raise JournalError(f"{journal.path}: a journal with no commit has no segments")
+    return ident
 
 
 def segments(first: str | os.PathLike[str]) -> Iterator[Journal]:
@@ -453,13 +452,14 @@ class Rotating:
         rotation = self.rotation
         if rotation is None or not rotation.due(self.journal):
             return
+        # with retention, the constructor made sure there is a checkpoint to write
         retains = rotation.retains and self.checkpoint is not None
         self.journal = rotation.rotate(
             self.journal,
             self.first,
             self.index,
             synchronous=self.synchronous,
-            checkpoint=self.checkpoint() if retains and self.checkpoint else None,
+            checkpoint=self.checkpoint() if retains and self.checkpoint is not None else None,
         )
         self.index += 1
         removed: list[str] = []
