@@ -203,8 +203,10 @@ def restore(ledger: LedgerState, resumed: Resumed) -> list[Violation]:
             setattr(rl, name, value)
         ledger.ranks[rank] = rl
     parking = ledger.parking
+    # a ledger that does not park gets all of it back in memory, through a
+    # parking of its own for the restore only
     temporary = not isinstance(parking, Parking)
-    if not isinstance(parking, Parking):  # a ledger that does not park: all of it back in memory
+    if not isinstance(parking, Parking):
         parking = Parking(ledger, PARK_AFTER, SWEEP_EVERY)
     elif settled is not None:
         parking.resume(settled)

@@ -12,6 +12,7 @@ from journal import RecordError
 from kvstate.archive import Archive
 from kvstate.checkpoint import Resumed, restore
 from kvstate.codec import Entry
+from kvstate.errors import TemporaryStorageError
 from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
 from kvstate.violations import Code, Violation
@@ -170,8 +171,8 @@ def resume(ledger: Ledger, item: Located) -> list[Violation]:
                           path=item.path, seq=item.seq)  # fmt: skip
     try:
         found = restore(ledger, resumed)
-    except RecordError:
-        raise
+    except (RecordError, TemporaryStorageError):
+        raise  # the input named, or the machine's temporary storage (exit 3)
     except Exception as exc:  # a checkpoint of the right form holding the wrong values
         raise RecordError(
             f"the checkpoint cannot be restored: {type(exc).__name__}: {exc}",
