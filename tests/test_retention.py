@@ -308,9 +308,9 @@ def test_sigkills_of_the_writer_during_rotation_and_retention_lose_nothing(
 
     heads = half_made = 0
     for seed in range(24):
-        committed, found, removed, half = crashsim.kill_writer_once(str(tmp_path), seed)
-        # a kill right after a rotation leaves no record after the checkpoint
-        assert committed > 0 and found >= 0
+        # (a kill right after a rotation may leave no record after the checkpoint)
+        committed, _found, removed, half = crashsim.kill_writer_once(str(tmp_path), seed)
+        assert committed > 0
         heads += removed
         half_made += half
     assert heads >= 12  # most kills came after retention had removed the head
