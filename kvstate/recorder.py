@@ -382,6 +382,11 @@ class Recorder:
         return self._next_seq - 1
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (the journal is then flushed and ended)."""
+        return self._closed
+
+    @property
     def violations(self) -> list[Violation]:
         """Every finding of the audit so far (see :mod:`kvstate.audit`)."""
         return self.auditor.violations

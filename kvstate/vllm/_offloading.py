@@ -78,6 +78,9 @@ def classes() -> tuple[Any, Any] | None:
     return found[0], found[1]
 
 
+#: what the Mooncake scheduler's hook reads before vLLM's call; this one reads nothing
+_NONE: dict[str, Any] = {}
+
 #: the worker's calls a rank without a tier audit leaves unhooked (see
 #: :meth:`OffloadingWorkerObserver.step_seen`)
 LEAN_SKIPS = ("handle_preemptions", "start_kv_transfers")
@@ -130,6 +133,9 @@ class OffloadingHooks:
         tap_of(sched)  # the manager tapped before vLLM's first call
 
     def _observer(self, sched: Any) -> OffloadingSchedulerObserver | None:
+        observer = sched.__dict__.get("_kvstate_observer")
+        if observer and not observer.closed:  # every step after the first: no lock, no maker
+            return observer
         return self.process.scheduler(sched, self._new_scheduler)  # type: ignore[return-value]
 
     def _new_scheduler(self, sched: Any) -> OffloadingSchedulerObserver:
@@ -179,15 +185,15 @@ class OffloadingHooks:
         meta = original(sched, scheduler_output)
         observer = self._observer(sched)
         if observer is not None:
-            self.process.observe(observer.after_build, sched, scheduler_output, meta, {})
+            self.process.observe(observer.after_build, sched, scheduler_output, meta, _NONE)
         return meta
 
     def connector_output(self, original: Any, sched: Any, connector_output: Any) -> Any:
-        meta = connector_output.kv_connector_worker_meta
-        completed = dict(getattr(meta, "completed_jobs", None) or {})
-        observer = self._observer(sched) if completed else None
+        counts: Any = getattr(connector_output.kv_connector_worker_meta, "completed_jobs", None)
+        observer = self._observer(sched) if counts else None  # most steps complete nothing
         if observer is None:
             return original(sched, connector_output)
+        completed = dict(counts)
         if not observer.world_checked:  # once: the world is the engine's for its life
             observer.world_checked = True
             partial = self._partial_world(observer)
@@ -251,6 +257,9 @@ class OffloadingHooks:
         worker.__dict__["_kvstate_config"] = _config(spec, a, kw)
 
     def _worker(self, worker: Any) -> OffloadingWorkerObserver | None:
+        observer = worker.__dict__.get("_kvstate_observer")
+        if observer and not observer.closed:  # every step after the first: no lock, no maker
+            return observer
         return self.process.rank(worker, self._new_worker)
 
     def _new_worker(self, worker: Any) -> OffloadingWorkerObserver:

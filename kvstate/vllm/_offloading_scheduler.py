@@ -160,12 +160,17 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         self.commit()
 
     def after_build(self, sched: Any, out: Any, meta: Any, before: dict[str, Any]) -> None:
+        # Runs on the engine thread every step, most steps with little to
+        # journal: each part is skipped at once where it has nothing (the
+        # cost row in docs/offloading.md).
         if self.shapes is not None:
             self.shapes.check_output(out)  # before anything of it is journaled
         self.step += 1
-        flush = set(meta.jobs_to_flush or ())
-        self._flush_first = tuple(sorted(j for j in flush if j in self.keys))
-        status = getattr(sched, "_req_status", {})  # per-job releases (0.21 on)
+        flush = meta.jobs_to_flush
+        keys = self.keys
+        if flush:
+            self._flush_first = tuple(sorted(j for j in flush if j in keys))
+        status = getattr(sched, "_req_status", None) or {}  # per-job releases (0.21 on)
 
         def local(req: str, computed: int) -> int:
             state = status.get(req)
@@ -174,19 +179,44 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             )
 
         self.record_requests(out, local)
-        for job in sorted(meta.load_jobs):
-            self._load(job, meta.load_jobs[job])
+        if meta.load_jobs:
+            for job in sorted(meta.load_jobs):
+                self._load(job, meta.load_jobs[job])
         tap = tap_of(sched)
-        stores = list(tap.stores) if tap is not None else []
-        if stores and tap is not None:
-            tap.stores = []
-        for job in sorted(meta.store_jobs):
-            # A prepare_store that made no job may still have evicted.
+        stores = tap.stores if tap is not None else None
+        if stores:
+            tap.stores = []  # type: ignore[union-attr]
+            self._stores(meta.store_jobs, stores, status)
+        elif meta.store_jobs:
+            self._stores(meta.store_jobs, [], status)
+        if flush:
+            first = self._flush_first
+            late = sorted(j for j in flush if j in keys and j not in first)
+            if late:
+                self._record(tier.FlushRequested(jobs=tuple(late)))
+            self.met_in_flight += sum(1 for j in flush if j not in keys)
+            self._flush_first = ()
+        meta._kvstate_step = self.step
+        # What the ranks' tier audit needs of this step's jobs (a job of a
+        # finished request reads blocks the step's forward pass may reuse).
+        meta._kvstate_jobs, self.step_jobs = self.step_jobs, {}
+        self.commit()
+
+    def _stores(
+        self,
+        jobs: dict[int, Any],
+        stores: list[tuple[int, list[str], list[str], Any]],
+        status: dict[str, Any],
+    ) -> None:
+        """The step's store jobs, each after the tier evictions its
+        ``prepare_store`` made (a ``prepare_store`` that made no job may
+        still have evicted)."""
+        for job in sorted(jobs):
             while stores and stores[0][0] < job:
                 self._evicted(stores.pop(0)[2])
             keys: list[str] = []
             parent = None
-            transfer = meta.store_jobs[job]
+            transfer = jobs[job]
             if stores and stores[0][0] == job:
                 _, keys, evicted, first = stores.pop(0)
                 self._evicted(evicted)
@@ -194,15 +224,6 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             self._store(job, transfer, keys, parent)
         for _, _, evicted, _ in stores:
             self._evicted(evicted)
-        late = sorted(j for j in flush if j in self.keys and j not in self._flush_first)
-        if late:
-            self._record(tier.FlushRequested(jobs=tuple(late)))
-        self.met_in_flight += sum(1 for j in flush if j not in self.keys)
-        meta._kvstate_step = self.step
-        # What the ranks' tier audit needs of this step's jobs (a job of a
-        # finished request reads blocks the step's forward pass may reuse).
-        meta._kvstate_jobs, self.step_jobs = self.step_jobs, {}
-        self.commit()
 
     def after_preemptions(self) -> None:
         # Before the step's tables: these jobs' blocks may be handed on below.

@@ -114,6 +114,20 @@ class OffloadingWorkerObserver:
         stores queued last step and those flushed as they were built, then
         waited for the flush; ``start_kv_transfers`` started the loads;
         ``prepare_store_kv`` queued the step's stores."""
+        self.step = getattr(meta, "_kvstate_step", self.step)
+        if not (
+            meta.store_jobs
+            or meta.load_jobs
+            or meta.jobs_to_flush
+            or self.queued
+            or worker._unsubmitted_store_jobs
+            or worker._connector_worker_meta.completed_jobs
+            or getattr(meta, "_kvstate_jobs", None)
+        ):
+            # Most steps: this rank received, started, flushed and completed
+            # nothing. Checked first, because this runs on the engine thread
+            # every step (the cost row in docs/offloading.md).
+            return
         self.saw(meta)
         named = getattr(meta, "_kvstate_jobs", None) or {}
         flush = meta.jobs_to_flush or ()
@@ -140,6 +154,12 @@ class OffloadingWorkerObserver:
 
     def finished(self, worker: Any) -> None:
         """After ``get_finished``: what the rank completed, and the step's end."""
+        if not worker._connector_worker_meta.completed_jobs:
+            # Nothing completed on this rank this step (the common case): no
+            # counts to compare, and none kept, since a fresh object (or an
+            # empty one) compares as no count at all (see _counts).
+            self.step_ended()
+            return
         before, after = self._counts(worker)
         if after != before:
             self.reported(before, after)

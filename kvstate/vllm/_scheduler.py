@@ -10,7 +10,7 @@ completions and pin releases from ``update_connector_output``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from kvstate import events as ev
@@ -107,7 +107,7 @@ class SchedulerObserver:
         bs = self.block_size
         restarted: set[str] = set()
         preempted: dict[str, int] = {}
-        for req in sorted(out.preempted_req_ids or ()):
+        for req in sorted(out.preempted_req_ids) if out.preempted_req_ids else ():
             gen = self.gens.get(req)
             if gen is None:
                 self.met_in_flight += 1
@@ -142,7 +142,7 @@ class SchedulerObserver:
                 )
             )
         cached_reqs = out.scheduled_cached_reqs
-        resumed: set[str] = getattr(cached_reqs, "resumed_req_ids", set()) or set()
+        resumed: Collection[str] = getattr(cached_reqs, "resumed_req_ids", None) or ()
         # Most decode steps allocate nothing: skip those requests at C speed.
         for i, new_ids in enumerate(cached_reqs.new_block_ids):
             if not new_ids or not new_ids[0]:
