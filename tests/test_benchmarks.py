@@ -123,3 +123,31 @@ def test_update_measures_the_days_rows_into_an_earlier_table(tmp_path: Path) -> 
     assert len(days) == 5 and all(r["measured"] > 0 for r in days)
     assert report["rows"][: len(earlier["rows"])] == earlier["rows"]
     assert "disk at its peak / its retention budget" in (tmp_path / "bench.md").read_text()
+
+
+def test_update_vllm_puts_both_engine_rows_where_the_mooncake_row_was(tmp_path: Path) -> None:
+    """``--update vllm``: the two rows of kvstate's CPU on vLLM's engine thread
+    (Mooncake, then the OffloadingConnector) replace the Mooncake row in
+    place; every other row stays as it was. ``--quick`` measures neither
+    (each row then says why), so this needs no vLLM."""
+    earlier = json.loads((ROOT / "docs" / "perf" / "bench.json").read_text())
+    names = [r["name"] for r in earlier["rows"]]
+    engine = [n for n in names if n.startswith("kvstate CPU on vLLM's engine thread")]
+    assert engine, "the table has a vLLM engine row to replace"
+    (tmp_path / "bench.json").write_text(json.dumps(earlier))
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--update", "vllm", "--out", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "bench.json").read_text())
+    fresh = [r for r in report["rows"] if r["name"].startswith("kvstate CPU on vLLM's engine")]
+    assert [r["name"].rsplit(", ", 1)[1] for r in fresh] == [
+        "MooncakeStoreConnector",
+        "OffloadingConnector",
+    ]
+    assert all(r["measured"] is None and "--quick" in r["note"] for r in fresh)
+    at = names.index(engine[0])
+    others = [r for r in earlier["rows"] if r["name"] not in engine]
+    assert [r for r in report["rows"] if r not in fresh] == others
+    assert [r["name"] for r in report["rows"][at : at + 2]] == [r["name"] for r in fresh]

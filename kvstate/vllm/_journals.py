@@ -142,9 +142,10 @@ def open_journal(
     """A new journal ``folder/{role}-{pid}.db`` (``-2``, ``-3``, ... when a
     connector of this process already wrote one); an existing file is never reused.
 
-    Written by a writer process (:class:`journal.ProcessWriter`): vLLM's
-    thread only encodes one blob per group commit and writes it to a pipe,
-    so SQLite, the hash chain and the audit never hold vLLM's GIL. A
+    Written by a writer process (:class:`journal.ProcessWriter`): each group
+    commit is one blob written to a pipe, by kvstate's commit thread
+    (:mod:`kvstate.vllm._commit`), so SQLite, the hash chain and the audit
+    never hold vLLM's GIL, and the encoding is not on vLLM's thread. A
     scheduler's journal is audited there as it is written (the fold of a
     scheduler that cannot see the ranks' records); a rank's journal names
     jobs whose specs it never writes, so ``kvstate replay`` of the merged
