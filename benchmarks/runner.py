@@ -421,7 +421,7 @@ def vllm_row(quick: bool, connector: str = "mooncake") -> tuple[Row, Any]:
     top = [
         f"{name.split(':', 1)[1]} {us:.1f}"
         for name, us in got["top_us_per_step"].items()
-        if name.startswith("kvstate:")
+        if name.startswith("kvstate:") and name != "kvstate:GroupCommit.send"  # not the engine's
     ]
     row = _row(
         title,
