@@ -40,6 +40,13 @@ from .violations import Violation
 
 AUDIT_MODES = ("inline", "commit", "off")
 
+#: findings an auditor lists; later ones are counted in ``omitted``. An
+#: engine that breaks an invariant every step, observed for weeks, must not
+#: grow its process (or the writer process) with the findings: the first
+#: ones explain the incident, the journal holds every record, and replay
+#: lists every finding.
+LISTED_FINDINGS = 10_000
+
 
 class Auditor:
     """Folds one recorder's records and keeps every finding in :attr:`violations`."""
@@ -48,11 +55,19 @@ class Auditor:
         if mode not in AUDIT_MODES:
             raise ValueError(f"audit must be one of {', '.join(AUDIT_MODES)}, not {mode!r}")
         self.mode = mode
-        #: every finding so far, in seq order
+        #: the findings so far, in seq order: the first :data:`LISTED_FINDINGS`
         self.violations: list[Violation] = []
+        #: findings counted and not listed (past :data:`LISTED_FINDINGS`)
+        self.omitted = 0
         #: findings of a ``commit`` audit not yet taken by a ledger (see
-        #: :meth:`take_new`); the writer thread adds, the ledgers take
+        #: :meth:`take_new`); the writer thread adds, the ledgers take. As
+        #: many at most as are listed: where no ledger takes them (the vLLM
+        #: observer records without one), the oldest stay and later ones are
+        #: dropped, as they are from :attr:`violations`
         self.untaken: list[Violation] = []
+        #: whether findings are listed here at all: not in a writer process,
+        #: which reports each batch's findings to the engine and keeps none
+        self.lists = True
         self._untaken_lock = threading.Lock()
         self._header: Entry | None = None
         self._scheduler = False
@@ -126,12 +141,23 @@ class Auditor:
             if ledger is not None:
                 ledger.apply(seq, event, found)
         if found:
-            self.violations.extend(found)
-            if self.mode != "inline":  # inline, the caller acts on them now
-                with self._untaken_lock:
-                    self.untaken.extend(found)
+            self._list(found, untaken=self.mode != "inline")  # inline, the caller acts now
             self._tell_first(found)
         return found
+
+    def _list(self, found: list[Violation], *, listed: bool = True, untaken: bool = True) -> None:
+        """Keep ``found`` in :attr:`violations` (unless ``listed`` is False:
+        already there) and :attr:`untaken`, each up to :data:`LISTED_FINDINGS`."""
+        if not self.lists:
+            return
+        if listed:
+            room = LISTED_FINDINGS - len(self.violations)
+            self.violations += found[: max(room, 0)]
+            self.omitted += max(0, len(found) - max(room, 0))
+        if untaken:
+            with self._untaken_lock:
+                room = LISTED_FINDINGS - len(self.untaken)
+                self.untaken += found[: max(room, 0)]
 
     def _tell_first(self, found: list[Violation]) -> None:
         if self._first_told or self.on_first is None:
@@ -160,10 +186,7 @@ class Auditor:
         """Findings no ledger call took: folded elsewhere (the writer process),
         or by :meth:`apply` already (``folded``: kept, not counted twice)."""
         if found:
-            if not folded:
-                self.violations.extend(found)
-            with self._untaken_lock:
-                self.untaken.extend(found)
+            self._list(found, listed=not folded)
             self._tell_first(found)
 
     @property
@@ -193,6 +216,7 @@ class Auditor:
     def remote(cls, config: str, archive: Archive | None) -> Auditor:
         """The auditor a writer process runs for :meth:`remote_config`'s ``config``."""
         auditor = cls("commit")
+        auditor.lists = False  # each batch's findings go back with its answer
         auditor._scheduler = True
         auditor._archive = archive  # the writer process's spill
         auditor._workers = config == "scheduler+workers"

@@ -35,6 +35,7 @@ from . import events as ev
 from ._layered import LayeredSet
 from ._ledger_state import FOLDED, LedgerState
 from ._parking import PARK_AFTER, SWEEP_EVERY, Parking
+from .audit import LISTED_FINDINGS
 from .codec import Entry
 from .ledger import Ledger
 from .rank import RankLedger, RankState
@@ -55,8 +56,9 @@ NEWEST_PARKED = 100_000
 NEWEST_KEY_WRITES = 100_000
 #: the findings a checkpoint lists (the first ones; the rest are counted): a
 #: journal whose every record is a finding (a rank's, folded alone) must not
-#: grow its writer's memory or its checkpoints without end
-MAX_FINDINGS = 10_000
+#: grow its writer's memory or its checkpoints without end; as many as a
+#: live audit lists
+MAX_FINDINGS = LISTED_FINDINGS
 #: the ledger fields stored as they are (the rank ledgers are stored by their state)
 _FIELDS = tuple(
     f.name for f in attrs.fields(LedgerState) if f.metadata.get(FOLDED) and f.name != "ranks"

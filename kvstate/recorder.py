@@ -388,7 +388,8 @@ class Recorder:
 
     @property
     def violations(self) -> list[Violation]:
-        """Every finding of the audit so far (see :mod:`kvstate.audit`)."""
+        """The audit's findings so far, the first :data:`~kvstate.audit.LISTED_FINDINGS`
+        of them (``auditor.omitted`` counts the rest; replay lists them all)."""
         return self.auditor.violations
 
     def commit(self, *, wait: bool = True, settle: bool = False) -> None:

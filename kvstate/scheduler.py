@@ -107,7 +107,7 @@ class SchedulerLedger:
 
     @property
     def violations(self) -> list[Violation]:
-        """Every finding of the audit of this ledger's recorder so far."""
+        """The audit's findings so far (its recorder's :attr:`~Recorder.violations`)."""
         return self.recorder.violations
 
     # -- recording -----------------------------------------------------------------

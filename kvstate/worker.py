@@ -103,7 +103,7 @@ class WorkerLedger:
 
     @property
     def violations(self) -> list[Violation]:
-        """Every finding of the audit of this ledger's recorder so far."""
+        """The audit's findings so far (its recorder's :attr:`~Recorder.violations`)."""
         return self.recorder.violations
 
     def emit(self, event: ev.Event, *, quiet: bool = False, suspect: bool = False) -> None:
