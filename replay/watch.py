@@ -58,6 +58,9 @@ class _Followed:
         row = self.journal.segment()
         self._ident: str | None = None if row is None else row[1]
         self.index = 1 if row is None else row[0]
+        #: the oldest segment that may still be on disk: retention removes
+        #: whole segments, oldest first, never the one being written
+        self._oldest = 1
         self.last = 0
         self.ledger: Ledger | None = None
         self.figures = Figures(journal=path)
@@ -104,8 +107,14 @@ class _Followed:
             if self.last >= self.journal.head()[0]:
                 self._next_segment()
             f.written = max(0, self.journal.head()[0])
+            while self._oldest < self.index and not os.path.exists(
+                segments.segment_path(self.path, self._oldest)
+            ):
+                self._oldest += 1
+            f.segments_removed = self._oldest - 1
             f.bytes = sum(
-                _size(segments.segment_path(self.path, i)) for i in range(1, self.index + 1)
+                _size(segments.segment_path(self.path, i))
+                for i in range(self._oldest, self.index + 1)
             )
             for seq, kind, step, rank, ts, payload in self.journal.stored_rows(
                 after=self.last, upto=self.last + CHUNK

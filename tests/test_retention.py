@@ -219,6 +219,27 @@ def test_the_writer_process_publishes_segments_removals_and_the_budget(tmp_path:
     assert value("kvstate_records_total") == value("kvstate_journal_records")
 
 
+def test_watch_counts_the_segments_retention_removed(twins: tuple[Path, Path, list[int]]) -> None:
+    """``kvstate watch`` publishes kvstate_journal_segments_removed_total from
+    the files, as the writer process counts its removals, and the bytes of
+    the segments still on disk."""
+    from replay.watch import Watcher
+
+    _, kept, _ = twins
+    left = seg.later_segments(str(kept))
+    first_left = min(int(Path(p).name.split(".")[-2]) for p in left)
+    watcher = Watcher(kept.parent)
+    try:
+        while watcher.poll():
+            pass
+        (figures,) = watcher.figures()
+    finally:
+        watcher.close()
+    assert figures.segments_removed == first_left - 1 >= 1
+    assert figures.segments == first_left + len(left) - 1
+    assert figures.bytes == sum(os.path.getsize(p) for p in left)
+
+
 # -- the checkpoint is input: chained, and read with care ---------------------------------
 
 
