@@ -7,6 +7,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,47 +108,51 @@ def test_the_fleet_row_shrinks_its_runs_to_a_disk_that_cannot_hold_it(
             assert got == 1 or 2 * 1000 * got * per_request <= free
 
 
+def _updated(tmp_path: Path, which: str, earlier: dict[str, Any]) -> dict[str, Any]:
+    """``python -m benchmarks --quick --update WHICH`` on a copy of ``earlier``; the new table."""
+    (tmp_path / "bench.json").write_text(json.dumps(earlier))
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--update", which, "--out", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads((tmp_path / "bench.json").read_text())
+    return report
+
+
 def test_update_measures_the_days_rows_into_an_earlier_table(tmp_path: Path) -> None:
     """``--update day``: the compressed day's rows measured now and put into a
     table an earlier run wrote; its other rows stay as they were."""
     earlier = json.loads((ROOT / "docs" / "perf" / "bench.json").read_text())
     earlier["rows"] = [r for r in earlier["rows"] if not r["name"].startswith("a day,")]
-    (tmp_path / "bench.json").write_text(json.dumps(earlier))
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--update", "day", "--out", str(tmp_path)],
-        capture_output=True, text=True, cwd=ROOT, timeout=600, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report = json.loads((tmp_path / "bench.json").read_text())
+    report = _updated(tmp_path, "day", earlier)
     days = [r for r in report["rows"] if r["name"].startswith("a day,")]
     assert len(days) == 5 and all(r["measured"] > 0 for r in days)
     assert report["rows"][: len(earlier["rows"])] == earlier["rows"]
     assert "disk at its peak / its retention budget" in (tmp_path / "bench.md").read_text()
 
 
-def test_update_vllm_puts_both_engine_rows_where_the_mooncake_row_was(tmp_path: Path) -> None:
+def test_update_vllm_puts_both_engine_rows_where_the_old_row_was(tmp_path: Path) -> None:
     """``--update vllm``: the two rows of kvstate's CPU on vLLM's engine thread
-    (Mooncake, then the OffloadingConnector) replace the Mooncake row in
-    place; every other row stays as it was. ``--quick`` measures neither
-    (each row then says why), so this needs no vLLM."""
+    (Mooncake, then the OffloadingConnector) replace, in place, the one row
+    of a table from before the rows were named by connector; every other row
+    stays as it was. ``--quick`` measures neither (each row then says why),
+    so this needs no vLLM."""
+    from benchmarks.runner import VLLM_ROW
+
     earlier = json.loads((ROOT / "docs" / "perf" / "bench.json").read_text())
-    names = [r["name"] for r in earlier["rows"]]
-    engine = [n for n in names if n.startswith("kvstate CPU on vLLM's engine thread")]
-    assert engine, "the table has a vLLM engine row to replace"
-    (tmp_path / "bench.json").write_text(json.dumps(earlier))
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--update", "vllm", "--out", str(tmp_path)],
-        capture_output=True, text=True, cwd=ROOT, timeout=600, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report = json.loads((tmp_path / "bench.json").read_text())
-    fresh = [r for r in report["rows"] if r["name"].startswith("kvstate CPU on vLLM's engine")]
-    assert [r["name"].rsplit(", ", 1)[1] for r in fresh] == [
-        "MooncakeStoreConnector",
-        "OffloadingConnector",
+    engine = [r for r in earlier["rows"] if r["name"].startswith(VLLM_ROW)]
+    assert engine, "the table has the vLLM engine rows"
+    at = earlier["rows"].index(engine[0])
+    old = {**engine[0], "name": VLLM_ROW}  # one row, as tables before had it
+    others = [r for r in earlier["rows"] if r not in engine]
+    earlier["rows"] = [*others[:at], old, *others[at:]]
+    report = _updated(tmp_path, "vllm", earlier)
+    fresh = [r for r in report["rows"] if r["name"].startswith(VLLM_ROW)]
+    assert [r["name"].removeprefix(VLLM_ROW) for r in fresh] == [
+        ", MooncakeStoreConnector",
+        ", OffloadingConnector",
     ]
     assert all(r["measured"] is None and "--quick" in r["note"] for r in fresh)
-    at = names.index(engine[0])
-    others = [r for r in earlier["rows"] if r["name"] not in engine]
     assert [r for r in report["rows"] if r not in fresh] == others
-    assert [r["name"] for r in report["rows"][at : at + 2]] == [r["name"] for r in fresh]
+    assert report["rows"][at : at + 2] == fresh
