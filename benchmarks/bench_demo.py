@@ -35,7 +35,7 @@ from typing import Any
 from journal.writer import JournalWriter
 from kvstate import SchedulerLedger, WorkerLedger
 from kvstate.harness.live.mooncake_demo import mooncake_problem, run_policy
-from kvstate.harness.sim.runtime import SimConfig
+from kvstate.harness.sim.config import SimConfig
 from kvstate.worker import JobRun
 
 #: the calls a connector makes into the ledgers, besides their public methods:

@@ -51,8 +51,8 @@ _JOIN = (
 
 
 def _make_store(folder: str, engines: int, requests: int) -> None:
+    from kvstate.harness.sim.config import SimConfig
     from kvstate.harness.sim.fleet import simulate_fleet
-    from kvstate.harness.sim.runtime import SimConfig
 
     config = SimConfig(requests=requests, blocks=32, seed=5)
     # bulk: the same journals as a run checked while it runs, made faster

@@ -13,7 +13,8 @@ import asyncio
 import os
 import tempfile
 
-from kvstate.harness.sim.runtime import SimConfig, simulate
+from kvstate.harness.sim.config import SimConfig
+from kvstate.harness.sim.runtime import simulate
 from replay.tui.inspector import Inspector
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from kvstate.archive import Archive
 from kvstate.codec import Entry
+from kvstate.harness.sim.config import SimConfig
 from kvstate.harness.sim.faults import Faults
-from kvstate.harness.sim.runtime import SimConfig, simulate
+from kvstate.harness.sim.runtime import simulate
 from kvstate.harness.zoo import CASES, run_case
 from kvstate.ledger import Ledger
 from replay import replay

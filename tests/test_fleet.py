@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from kvstate.harness.sim.config import SimConfig
 from kvstate.harness.sim.fleet import simulate_fleet
-from kvstate.harness.sim.runtime import SimConfig
 from replay import replay
 from replay.cli import main
 from replay.cli._common import to_json

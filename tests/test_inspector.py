@@ -224,7 +224,8 @@ def test_a_long_timeline_is_read_off_the_ui_thread(tmp_path: Path) -> None:
 def test_shift_arrows_scroll_a_wide_view_sideways(tmp_path: Path) -> None:
     """At 80 columns the Jobs lanes and the Events violations run off the
     right edge; left/right move the cursor record, shift+left/right scroll."""
-    from kvstate.harness.sim.runtime import SimConfig, simulate
+    from kvstate.harness.sim.config import SimConfig
+    from kvstate.harness.sim.runtime import simulate
 
     path = tmp_path / "run.db"
     simulate(SimConfig(requests=10, seed=2, policy="legacy", world_size=2), journal=str(path))
@@ -600,7 +601,8 @@ def test_next_and_previous_violation_work_on_a_partial_index(tmp_path: Path) -> 
 def test_the_cursor_row_is_highlighted_and_in_view_on_a_long_journal(tmp_path: Path) -> None:
     """Events and Violations hold a few screens of rows: the cursor's row is the
     highlighted one and is scrolled into view, going forward and back."""
-    from kvstate.harness.sim.runtime import SimConfig, simulate
+    from kvstate.harness.sim.config import SimConfig
+    from kvstate.harness.sim.runtime import simulate
 
     path = tmp_path / "run.db"
     simulate(SimConfig(requests=40, seed=2, policy="legacy"), journal=str(path))
@@ -644,7 +646,8 @@ def test_a_wide_timeline_scrolls_a_lane_a_press_and_counts_only_its_own_records(
     a press (about 140 of them), shift+right did nothing, the seq column went
     with the scroll, and the heading counted the violations of every record
     between the job's first and last (2039 for 39 records)."""
-    from kvstate.harness.sim.runtime import SimConfig, simulate
+    from kvstate.harness.sim.config import SimConfig
+    from kvstate.harness.sim.runtime import simulate
 
     path = tmp_path / "run.db"
     simulate(SimConfig(requests=10, seed=2, policy="legacy", world_size=2), journal=str(path))
@@ -690,7 +693,8 @@ def test_at_30_rows_the_first_violations_chain_is_on_screen(tmp_path: Path) -> N
     from rich.console import Group
     from rich.text import Text
 
-    from kvstate.harness.sim.runtime import SimConfig, simulate
+    from kvstate.harness.sim.config import SimConfig
+    from kvstate.harness.sim.runtime import simulate
     from replay.report import lanes_table
 
     path = tmp_path / "run.db"

@@ -15,8 +15,9 @@ from kvstate.harness.live.master import MasterError, MooncakeMaster, existing_ma
 from kvstate.harness.live.mooncake import MooncakeStore
 from kvstate.harness.live.torch_blocks import TorchBlocks
 from kvstate.harness.sim import store as st
+from kvstate.harness.sim.config import SimConfig
 from kvstate.harness.sim.content import block_hashes, full_block_kv
-from kvstate.harness.sim.runtime import SimConfig, Simulation
+from kvstate.harness.sim.runtime import Simulation
 
 BLOCK = 4096
 

@@ -18,7 +18,7 @@ import pytest
 
 from kvstate.harness.live.master import MooncakeMaster
 from kvstate.harness.live.mooncake_demo import run_policy
-from kvstate.harness.sim.runtime import SimConfig
+from kvstate.harness.sim.config import SimConfig
 from kvstate.harness.vllm_engine.progress import Stall, cpu_ticks
 from replay import replay
 

@@ -17,7 +17,8 @@ import pytest
 from journal import write_jsonl
 from kvstate.codec import Entry, to_record
 from kvstate.events import rank_of
-from kvstate.harness.sim.runtime import SimConfig, simulate
+from kvstate.harness.sim.config import SimConfig
+from kvstate.harness.sim.runtime import simulate
 from replay import replay
 from replay.cli import main
 from replay.sources import read_path

@@ -6,7 +6,8 @@ touch a reused request id, and every rank must report before blocks free."""
 from __future__ import annotations
 
 from kvstate.harness.sim.batching import Request
-from kvstate.harness.sim.runtime import SimConfig, Simulation
+from kvstate.harness.sim.config import SimConfig
+from kvstate.harness.sim.runtime import Simulation
 from kvstate.ledger import Ledger
 
 BS = 4

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from kvstate.harness.sim.config import SimConfig
 from kvstate.harness.sim.faults import Faults
-from kvstate.harness.sim.runtime import SimConfig, simulate
+from kvstate.harness.sim.runtime import simulate
 from replay import replay
 from replay.cli import main
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kvstate.harness.sim.runtime import SimConfig, Simulation, simulate
+from kvstate.harness.sim.config import SimConfig
+from kvstate.harness.sim.runtime import Simulation, simulate
 from replay import replay
 from replay.cli import main
 

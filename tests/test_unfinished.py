@@ -145,7 +145,8 @@ def test_every_single_lost_record_is_seen_except_the_documented_ones(tmp_path: P
     """Each record of a clean run removed in turn: replay is not clean (a
     violation, or UNFINISHED for a lost engine_idle) unless the kind is one
     the events reference lists as invisible without the chain."""
-    from kvstate.harness.sim.runtime import SimConfig, simulate
+    from kvstate.harness.sim.config import SimConfig
+    from kvstate.harness.sim.runtime import simulate
 
     db = tmp_path / "run.db"
     simulate(SimConfig(requests=12, seed=2), journal=str(db))

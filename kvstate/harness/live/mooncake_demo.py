@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator
 import attrs
 
 from kvstate.harness.sim import store as st
+from kvstate.harness.sim.config import SimConfig, Summary
 from kvstate.harness.sim.device import BlockMemory, HostBlocks
-from kvstate.harness.sim.runtime import SimConfig, Simulation, Summary
+from kvstate.harness.sim.runtime import Simulation
 
 from .master import MasterAddress
 

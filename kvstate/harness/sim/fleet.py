@@ -17,7 +17,8 @@ from collections.abc import Callable
 import attrs
 
 from . import store as st
-from .runtime import SimConfig, Simulation, Summary
+from .config import SimConfig, Summary
+from .runtime import Simulation
 
 
 def engine_journal(folder: str, index: int) -> str:

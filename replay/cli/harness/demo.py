@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn
 
     from kvstate.harness.live.mooncake_demo import journal_path, mooncake_problem, run_policy
-    from kvstate.harness.sim.runtime import SimConfig
+    from kvstate.harness.sim.config import SimConfig
 
     console = report_console()
     master = None

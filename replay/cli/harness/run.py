@@ -24,7 +24,7 @@ from .._common import (
 from ._summary import summary_table
 
 if TYPE_CHECKING:
-    from kvstate.harness.sim.runtime import SimConfig
+    from kvstate.harness.sim.config import SimConfig
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -124,8 +124,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn
 
     from kvstate.harness.legacy import BUGS
+    from kvstate.harness.sim.config import SimConfig
     from kvstate.harness.sim.faults import Faults
-    from kvstate.harness.sim.runtime import SimConfig, Simulation
+    from kvstate.harness.sim.runtime import Simulation
 
     bugs = tuple(sorted(BUGS)) if args.legacy_bugs == "all" else None
     if args.legacy_bugs not in (None, "all"):
