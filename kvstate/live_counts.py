@@ -40,6 +40,8 @@ class LiveCounts:
         self.owner = owner
         with open(path, "r+b") as f:
             self._map = mmap.mmap(f.fileno(), SIZE)
+        #: what :meth:`read` last returned (what it returns once closed)
+        self._last: tuple[int, int | None, dict[str, int]] = (0, None, {})
 
     @classmethod
     def create(cls) -> LiveCounts:
@@ -57,11 +59,20 @@ class LiveCounts:
         _HEAD.pack_into(self._map, 0, folded, -1 if first_seq is None else first_seq)
 
     def read(self) -> tuple[int, int | None, dict[str, int]]:
-        """(records folded, the first finding's seq or None, findings by code)."""
-        folded, first = _HEAD.unpack_from(self._map, 0)
-        counts = _COUNTS.unpack_from(self._map, _HEAD.size)
+        """(records folded, the first finding's seq or None, findings by code).
+
+        Never raises: once :meth:`close` unmapped the file (``finish()`` on
+        another thread, a watchdog's, while vLLM's engine thread still asks
+        for its stats), the figures last read.
+        """
+        try:
+            folded, first = _HEAD.unpack_from(self._map, 0)
+            counts = _COUNTS.unpack_from(self._map, _HEAD.size)
+        except ValueError:  # "mmap closed or invalid"
+            return self._last
         by_code = {code.value: n for code, n in zip(CODES, counts, strict=True) if n}
-        return folded, None if first < 0 else first, by_code
+        self._last = (folded, None if first < 0 else first, by_code)
+        return self._last
 
     def close(self) -> None:
         with contextlib.suppress(BufferError, ValueError):

@@ -10,6 +10,7 @@ the request and the ``kvstate replay`` command that explains it.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import urllib.request
 from pathlib import Path
@@ -95,3 +96,19 @@ def test_live_counts_give_the_engine_the_writers_findings_without_waiting(tmp_pa
     assert first == rec.violations[0].seq
     rec.close(raise_found=False)
     assert not Path(counts.path).exists()  # the recorder's file, removed with it
+
+
+def test_live_counts_read_after_close_give_the_last_figures_and_never_raise() -> None:
+    """vLLM's engine thread reads them at every step; ``finish()`` (a
+    watchdog's, on another thread) may close them in between. A read that
+    raised there went into vLLM and ended the engine."""
+    from kvstate.live_counts import LiveCounts
+
+    counts = LiveCounts.create()
+    writer = LiveCounts(counts.path, owner=False)
+    writer.store(12, 7, {"POISONED_KEY": 2})
+    assert counts.read() == (12, 7, {"POISONED_KEY": 2})
+    writer.close()
+    counts.close()
+    assert counts.read() == (12, 7, {"POISONED_KEY": 2})
+    assert not os.path.exists(counts.path)  # the engine's file, removed by its owner

@@ -101,7 +101,9 @@ def since_last_report(
     observer = getattr(half, "__dict__", {}).get("_kvstate_observer")
     recorder = getattr(observer, "recorder", None)
     counts = getattr(recorder, "live_counts", None)
-    if recorder is not None and counts is not None:
+    # A journal finish() ended (a watchdog's, on another thread, while vLLM
+    # still steps) has no figures to add, and its counts are unmapped.
+    if recorder is not None and counts is not None and not recorder.closed:
         records, found = connector.__dict__.get("_kvstate_reported", (0, {}))
         _, _, by_code = counts.read()  # the writer process's audit, as far as it got
         out.data["records"] = recorder.recorded - records
