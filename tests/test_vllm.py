@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,46 @@ def test_prefix_release_is_flagged_and_every_wrong_output_explained(
     assert legacy["wrong_outputs"], "the poisoned keys changed no greedy output"
     for prompt in legacy["wrong_outputs"]:
         assert legacy["traces"][prompt], f"prompt {prompt}: no violation names its requests"
+
+
+@pytest.mark.vllm
+def test_an_engine_its_watchdog_ended_steps_on_and_holds_its_segment(tmp_path: Path) -> None:
+    """The watchdog's ``finish()`` runs on its own thread while vLLM's engine
+    thread steps on (draining puts that never complete), asking the
+    journaled connector for its stats at every step. kvstate's figures there
+    must not raise: the fleet's first engine holds its Mooncake segment this
+    way for the next engine, and a raise ("mmap closed") ended the process,
+    and the keys in its segment with it. Waited on by heartbeats, not time."""
+    from kvstate.harness.live.master import MooncakeMaster
+    from kvstate.harness.vllm_engine import venvs
+    from kvstate.harness.vllm_engine.runs import Workload, start_engine, store_env
+
+    python = venvs.python_of(venvs.ensure(ROOT, "0.27.1"))
+    workload = Workload(prompts=16, groups=4, blocks=20, put_delay=600, watchdog=5)
+    config = {
+        **workload.engine_config(),
+        "model": str(tmp_path / "model"),
+        "mode": "journal",
+        "journal_dir": str(tmp_path / "journals"),
+        "round2": False,
+    }
+    with MooncakeMaster() as address:
+        env = {**os.environ, **store_env(address, tmp_path / "mooncake.json")}
+        engine = start_engine(python, config, tmp_path, "held", env, 600, hold=True)
+        try:
+            result = engine.holding()
+            assert "no progress" in result.get("watchdog", ""), result
+            beats = 0
+            while beats < 20 and engine.process.poll() is None:  # ten seconds of holding
+                text = engine.beat.read_text() if engine.beat.exists() else ""
+                if text.startswith("holding the store segment ("):
+                    beats = int(text.split("(")[1].split(")")[0])
+                threading.Event().wait(0.2)
+            log = engine.log.read_text(errors="replace")
+            assert engine.process.poll() is None, log[-3000:]
+            assert "mmap closed" not in log
+        finally:
+            engine.release()
 
 
 @pytest.mark.vllm
