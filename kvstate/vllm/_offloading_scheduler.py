@@ -166,7 +166,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         if self.shapes is not None:
             self.shapes.check_output(out)  # before anything of it is journaled
         self.step += 1
-        flush = meta.jobs_to_flush
+        flush = set(meta.jobs_to_flush) if meta.jobs_to_flush else None
         keys = self.keys
         if flush:
             self._flush_first = tuple(sorted(j for j in flush if j in keys))
