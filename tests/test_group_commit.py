@@ -79,6 +79,7 @@ def test_a_due_group_is_handed_over_by_kvstates_thread(
     recorder.writer.flush()  # every frame handed over is now written
     assert _rows(tmp_path / "engine.db") == 6  # the header and the five
     group.step_ended()  # nothing new: nothing handed over
+    _drained()  # had it been, the hand-over would be done by now
     recorder.close()
     assert threads == ["kvstate-commit"]
 
@@ -92,6 +93,7 @@ def test_a_step_with_nothing_recorded_hands_nothing_over(
     called, threads = _seen(recorder)
     for _ in range(3):
         group.step_ended()
+    _drained()  # any hand-over is done (and counted) before the journal closes
     recorder.close()
     assert not called.is_set() and threads == []
 
