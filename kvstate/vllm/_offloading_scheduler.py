@@ -183,9 +183,8 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             for job in sorted(meta.load_jobs):
                 self._load(job, meta.load_jobs[job])
         tap = tap_of(sched)
-        stores = tap.stores if tap is not None else None
-        if stores:
-            tap.stores = []  # type: ignore[union-attr]
+        if tap is not None and tap.stores:
+            stores, tap.stores = tap.stores, []
             self._stores(meta.store_jobs, stores, status)
         elif meta.store_jobs:
             self._stores(meta.store_jobs, [], status)
