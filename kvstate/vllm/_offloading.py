@@ -185,7 +185,10 @@ class OffloadingHooks:
         meta = original(sched, scheduler_output)
         observer = self._observer(sched)
         if observer is not None:
-            self.process.observe(observer.after_build, sched, scheduler_output, meta, _NONE)
+            try:  # ObservedProcess.observe, inline: this runs every step
+                observer.after_build(sched, scheduler_output, meta, _NONE)
+            except Exception as exc:
+                self.process.failed(observer.after_build, exc)
         return meta
 
     def connector_output(self, original: Any, sched: Any, connector_output: Any) -> Any:
@@ -300,7 +303,10 @@ class OffloadingHooks:
             return original(worker, meta)
         if observer.lean:
             result = original(worker, meta)
-            self.process.observe(observer.step_seen, worker, meta)
+            try:  # ObservedProcess.observe, inline: this runs every step
+                observer.step_seen(worker, meta)
+            except Exception as exc:
+                self.process.failed(observer.step_seen, exc)
             return result
         before = self.process.observe(observer.before_store, worker, meta)
         result = original(worker, meta)
@@ -330,7 +336,10 @@ class OffloadingHooks:
             try:
                 return original(worker, *a, **kw)
             finally:
-                self.process.observe(observer.finished, worker)
+                try:  # ObservedProcess.observe, inline: this runs every step
+                    observer.finished(worker)
+                except Exception as exc:
+                    self.process.failed(observer.finished, exc)
         before = self.process.observe(observer.completed, worker)
         try:
             return original(worker, *a, **kw)

@@ -73,9 +73,20 @@ class ObservedProcess:
         """
         try:
             return call(*args, **kwargs)
-        except (StandDown, RefusedValueError) as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            owner = _owner(call)
+        except Exception as exc:
+            self.failed(call, exc)
+            return None
+
+    def failed(self, call: Callable[..., Any], exc: Exception) -> None:
+        """What :meth:`observe` does when ``call`` raised ``exc``.
+
+        The hooks that run on every engine step call their observer inside
+        a ``try`` of their own and hand what it raised here: the same
+        outcome, without :meth:`observe`'s frame on the engine's thread.
+        """
+        reason = f"{type(exc).__name__}: {exc}"
+        owner = _owner(call)
+        if isinstance(exc, (StandDown, RefusedValueError)):
             if owner is None:
                 # Nothing was journaled (its journal never opened): nothing to end.
                 self.stood_down.append(reason)
@@ -83,16 +94,12 @@ class ObservedProcess:
             else:
                 _log.warning("kvstate observer stands down for one connector: %s", reason)
                 self._end(owner, lambda: stand_down(owner, reason))
-            return None
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            _log.exception("kvstate observer failed; its journal ends with engine_crashed")
-            owner = _owner(call)
-            if owner is None:
-                self.failures.append(reason)
-            else:
-                self._end(owner, lambda: _crashed(owner, f"kvstate observer failed: {reason}"))
-            return None
+            return
+        _log.error("kvstate observer failed; its journal ends with engine_crashed", exc_info=exc)
+        if owner is None:
+            self.failures.append(reason)
+        else:
+            self._end(owner, lambda: _crashed(owner, f"kvstate observer failed: {reason}"))
 
     def _end(self, owner: Any, end: Callable[[], None]) -> None:
         # Ending a journal must not raise into vLLM either; if it does, the
