@@ -10,6 +10,7 @@ on the committer's rounds (progress), never on time.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -144,3 +145,23 @@ def test_a_journal_closed_before_its_group_is_handed_over_loses_nothing(tmp_path
     group.send()  # as the committer thread would, after close
     assert group.failed is None
     assert _rows(tmp_path / "engine.db") == 2
+
+
+def test_a_forked_child_hands_over_none_of_its_parents_journals(tmp_path: Path) -> None:
+    """The records buffered at the fork are the parent's, for the parent's
+    writer process: the child's committer must never send them (twice)."""
+    recorder = _recorder(tmp_path)
+    _commit.GroupCommit(recorder)
+    called, threads = _seen(recorder)
+    _settled()  # the committer now waits for its next tick
+    recorder.record(ev.RequestAdmitted(req="r", gen=0, prompt_tokens=16), 1)
+    pid = os.fork()
+    if pid == 0:
+        inherited = len(_commit.COMMITTER._groups)
+        os._exit(3 if inherited or called.is_set() else 0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    _settled()
+    recorder.close()
+    assert _rows(tmp_path / "engine.db") == 2  # the header and the record, once
+    assert threads == ["kvstate-commit"]

@@ -80,8 +80,8 @@ class GroupCommit:
 class Committer:
     """The one thread of a process that hands each journal's groups to its writer process.
 
-    Started with the first journal it follows (again in a forked child,
-    which has no thread of its parent's); a daemon, so it never holds an
+    Started with the first journal it follows (again in a forked child, by
+    the first journal the child opens); a daemon, so it never holds an
     exiting process: at exit every writer still open is flushed and closed
     (``journal.process_writer``), whatever this thread had not sent yet.
     """
@@ -107,12 +107,17 @@ class Committer:
         threading.Thread(target=self._run, name="kvstate-commit", daemon=True).start()
 
     def _forked(self) -> None:
-        """In a forked child: its own locks, and its own thread for the journals it inherited."""
+        """In a forked child: its own locks, and none of its parent's journals.
+
+        Their writer processes are the parent's, and so are the records in
+        their buffers (copied by the fork): handed over from here too, they
+        would reach the writer twice. A journal the child opens starts the
+        child's own thread.
+        """
         self._lock = threading.Lock()
         self._round_done = threading.Condition()
+        self._groups = []
         self._pid = 0
-        if self._groups:
-            self._start()
 
     def wake(self) -> None:
         """Send now rather than at the next tick (costs the caller a thread wake-up)."""
@@ -144,6 +149,8 @@ class Committer:
         """Wait until what every journal recorded before this call is handed
         over (two rounds: one begun earlier may have read a journal just
         before its records came); False if ``timeout`` passed first."""
+        if self._pid != os.getpid():
+            return True  # no journal followed in this process: nothing to hand over
         with self._round_done:
             done = self.rounds + 2
             while self.rounds < done:
