@@ -27,6 +27,15 @@ def connect_readonly(path: str) -> tuple[sqlite3.Connection, str | None]:
     removed when the journal is closed.
     """
     uri = f"file:{path}?mode=ro"
+    if _wal_without_log(path):
+        # A file whose header says WAL, with no log beside it: a journal its
+        # writer closed while a reader held it (journal.database._leave_wal
+        # folded the log in first), or a ``.db`` copied alone. Opened plainly,
+        # SQLite would make a new ``-wal`` and ``-shm`` beside the user's file;
+        # with no log there is nothing but the file to read, so it is read as
+        # it is. A writer that opens it meanwhile makes its log first: the
+        # next open reads the log too.
+        uri += "&immutable=1"
     conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
     try:
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
@@ -42,6 +51,21 @@ def connect_readonly(path: str) -> tuple[sqlite3.Connection, str | None]:
             shutil.copyfile(path + suffix, copy + suffix)
     conn = sqlite3.connect(copy, isolation_level=None, check_same_thread=False)
     return conn, private
+
+
+def says_wal(path: str) -> bool:
+    """Whether the database file's header says WAL mode (its read and write
+    versions, bytes 18 and 19), read without opening the database."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(18)
+            return f.read(2) == b"\x02\x02"
+    except OSError:
+        return False
+
+
+def _wal_without_log(path: str) -> bool:
+    return says_wal(path) and not os.path.exists(path + "-wal")
 
 
 def forget_copy(private: str) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 
 from . import _chain, _schema, _values
-from ._readonly import connect_readonly, forget_copy
+from ._readonly import connect_readonly, forget_copy, says_wal
 from .errors import JournalError, RecordError
 from .record import Record
 
@@ -109,7 +109,15 @@ class Journal:
                 self._conn.execute("PRAGMA journal_mode = WAL")
                 self._conn.execute(f"PRAGMA synchronous = {synchronous}")
                 _schema.create(self._conn)
-            _schema.check(self._conn, self.path)
+            try:
+                _schema.check(self._conn, self.path)
+            except JournalError as exc:
+                if readonly and says_wal(self.path) and not os.path.exists(self.path + "-wal"):
+                    raise JournalError(
+                        f"{exc}; its header says WAL mode and no -wal lies beside it: a "
+                        "journal's .db copied alone, while its records were in its log?"
+                    ) from None
+                raise
         except _UNREADABLE as exc:
             raise JournalError(f"{self.path}: cannot open journal: {exc}") from exc
         self._pack = msgpack.Packer(use_bin_type=True).pack
@@ -474,12 +482,11 @@ class Journal:
         A journal written here leaves WAL mode as it closes: the log is
         checkpointed into the file and removed, so the finished journal is one
         self-contained file, and readers opening it read-only do not leave
-        ``-wal``/``-shm`` files beside it. If another process still has it
-        open (a ``--follow`` reader), it stays in WAL mode; nothing is lost.
+        ``-wal``/``-shm`` files beside it. See :func:`_leave_wal` for a
+        reader that has it open at that moment.
         """
         if not self.readonly:
-            with contextlib.suppress(sqlite3.Error):
-                self._conn.execute("PRAGMA journal_mode = DELETE")
+            _leave_wal(self._conn)
         self._conn.close()
         if self._private is not None:
             forget_copy(self._private)
@@ -490,3 +497,52 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: how long :func:`_leave_wal` tries to leave WAL mode while readers have the
+#: file open, and how long it sleeps between two tries (seconds)
+LEAVE_WAL_FOR, LEAVE_WAL_EVERY = 2.0, 0.005
+
+
+def _leave_wal(conn: sqlite3.Connection) -> None:
+    """Fold the log into the file and take it out of WAL mode, as a writer closes.
+
+    The race: a reader (``kvstate watch`` following the folder, a replay)
+    that has the file open when its writer closes. Leaving WAL mode needs
+    the file to itself, and SQLite refuses at once, without its busy
+    handler, while any other connection is open; left in WAL mode, the
+    finished journal is two files, and the ``.db`` copied alone for a
+    ticket misses every record still in the ``-wal``. So the log is first
+    checkpointed into the file and truncated (which readers that are not in
+    a read transaction do not block): from then on the ``.db`` alone holds
+    every record, whatever happens next. Then the change of mode is tried
+    until the readers let go (a poll of ``kvstate watch`` holds the file
+    for one read), for at most :data:`LEAVE_WAL_FOR` seconds; a reader that
+    holds it longer leaves the header saying WAL with an empty log beside
+    it, which every reader of this package reads as one file
+    (:func:`journal._readonly.connect_readonly`) and replay names
+    (:func:`wal_state`).
+    """
+    with contextlib.suppress(sqlite3.Error):
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    deadline = time.monotonic() + LEAVE_WAL_FOR
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = DELETE").fetchall()
+            return
+        except sqlite3.Error:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(LEAVE_WAL_EVERY)
+
+
+def wal_state(path: str | os.PathLike[str]) -> tuple[bool, int | None]:
+    """Whether the database file at ``path`` says it is in WAL mode, and the
+    size of the ``-wal`` log beside it (None: there is none). Read without
+    opening the database, so nothing is made beside it."""
+    name = os.fspath(path)
+    try:
+        log: int | None = os.path.getsize(name + "-wal")
+    except OSError:
+        log = None
+    return says_wal(name), log

@@ -60,6 +60,8 @@ class Code(str, enum.Enum):
     UNFINISHED = "UNFINISHED"
     # -- addition (docs/events.md, "Retention"): the records before a checkpoint are gone --
     FROM_CHECKPOINT = "FROM_CHECKPOINT"
+    # -- addition (docs/events.md, "A journal left in WAL mode"): not one file --
+    WAL_LEFT = "WAL_LEFT"
 
     def __str__(self) -> str:
         return self.value
@@ -73,6 +75,7 @@ WARNING_CODES = frozenset(
         Code.DUPLICATE_RECEIVE,
         Code.UNFINISHED,
         Code.FROM_CHECKPOINT,
+        Code.WAL_LEFT,
     }
 )
 

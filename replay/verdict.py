@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
 
-from journal import RecordError
+from journal import RecordError, is_journal_file, segments
+from journal.database import wal_state
 from kvstate.archive import Archive
 from kvstate.checkpoint import Resumed, restore
 from kvstate.codec import Entry
@@ -262,7 +264,40 @@ def replay(
         if exc.path is None:
             raise exc.located(path=", ".join(paths)) from None
         raise
+    if at is None:
+        finished = not any(w.code is Code.UNFINISHED for w in warnings)
+        warnings += wal_left(paths, finished, ledger.last_seq or 0)
     return ReplayResult(
         list(paths), ledger, events, violations, warnings, at, origin, require_idle,
         story=story.result(),
     )  # fmt: skip
+
+
+def wal_left(paths: Sequence[str], finished: bool, seq: int) -> list[Violation]:
+    """``WAL_LEFT`` for each file of a finished journal that is not one file
+    as a finished journal must be (docs/events.md, "A journal left in WAL mode").
+
+    A writer takes its file out of WAL mode as it closes; a reader that had
+    it open all the while leaves its header saying WAL (the records are all
+    in the file: the writer folded its log in first). A journal that did
+    not end is not named: a live one is in WAL mode, and so may be one whose
+    writer was killed, every committed record in its file.
+    """
+    if not finished:
+        return []
+    found = []
+    for path in paths:
+        if not os.path.exists(path) and not segments.is_removed_head(path):
+            continue
+        if os.path.exists(path) and not is_journal_file(path):
+            continue  # JSON Lines
+        for _, name in segments.present(segments.head_name(path)):
+            wal, log = wal_state(name)
+            if wal:
+                why = (
+                    f"{name}: the journal ended, but its file is still in SQLite's WAL mode "
+                    "(a reader had it open as its writer closed); every record is in the file"
+                    + (f", and {os.path.basename(name)}-wal beside it goes with it" if log else "")
+                )
+                found.append(Violation(Code.WAL_LEFT, seq, why))
+    return found
