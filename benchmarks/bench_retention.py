@@ -11,13 +11,19 @@ journal written and audited by the writer process, and read for figures on
 ``/metrics`` as Prometheus would.
 
 Measured in one run, each configuration in a fresh interpreter: the disk
-the journal's folder holds at its peak against its budget, sampled at
-every sixteenth of the run; the writer process's and the engine's memory
-over the run (flat: the last quarter's against the first's); the engine's
-CPU per record with rotation and retention on against off; the latency of
-a scrape.
+the journal's folder holds against its budget, sampled at every sixteenth
+of the run once the writer is done with the commit before (a rotation
+included: the folder as it stands between rotations), with what the
+writer's ``/metrics`` says then (the rotation size in force, the
+checkpoint's bytes, what the budget lacks), and whether every sample was
+within the budget; the writer process's and the engine's memory over the
+run (flat: the last quarter's against the first's); the engine's CPU per
+record with rotation and retention on against off; the latency of a scrape.
 
-Run: ``python benchmarks/bench_retention.py [--jobs N]``.
+Run: ``python benchmarks/bench_retention.py [--jobs N] [--segment BYTES]
+[--budget BYTES] [--retain-only]``: ``--segment`` rotates at that size
+instead of the day's, compressed (the budget stays four segments or the
+day's, compressed, whichever is more, unless ``--budget`` gives it).
 """
 
 from __future__ import annotations
@@ -64,15 +70,37 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure(jobs: int, retain: bool) -> dict[str, Any]:
-    """One configuration: ``jobs`` lifecycles, with rotation and retention or without."""
+#: the writer's figures each sample records, by the name of their metric
+_WRITER_FIGURES = {
+    "rotate_bytes": "kvstate_journal_rotate_bytes",
+    "checkpoint_bytes": "kvstate_journal_checkpoint_bytes",
+    "budget_short_bytes": "kvstate_journal_budget_short_bytes",
+    "journal_bytes": "kvstate_journal_bytes",
+}
+
+
+def _metric(text: str, name: str) -> float | None:
+    """The value of the one series of ``name`` in a scrape (None: absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def measure(
+    jobs: int, retain: bool, *, segment: int | None = None, budget: int | None = None
+) -> dict[str, Any]:
+    """One configuration: ``jobs`` lifecycles, with rotation and retention or
+    without; ``segment`` and ``budget`` in place of the day's, compressed."""
     records = jobs * RECORDS_PER_JOB
     compression = RATE * 86_400 / records
-    segment = max(131_072, int(DAY_SEGMENT / compression))
-    budget = max(4 * segment, int(DAY_BUDGET / compression))
+    if segment is None:
+        segment = max(131_072, int(DAY_SEGMENT / compression))
+    if budget is None:
+        budget = max(4 * segment, int(DAY_BUDGET / compression))
     address = f"127.0.0.1:{_port()}"
     settings: dict[str, Any] = {"rotate_bytes": segment, "retain_bytes": budget} if retain else {}
-    samples: list[dict[str, float]] = []
+    samples: list[dict[str, Any]] = []
     outside = 0.0  # the engine's CPU spent sampling, not engine work
     with tempfile.TemporaryDirectory() as folder:
         rec = Recorder.open(
@@ -99,18 +127,24 @@ def measure(jobs: int, retain: bool) -> dict[str, Any]:
             nonlocal outside
             t0 = time.process_time()
             rec.commit(settle=True)
+            # The writer rotates after it answers; an empty frame is answered
+            # once it is done with the one before, the rotation included
+            rec.commit(settle=True)
+            disk = _folder_bytes(folder)
             pid = rec.writer.pid  # type: ignore[union-attr]
             wall = time.perf_counter()
             with urllib.request.urlopen(f"http://{address}/metrics", timeout=60) as r:
                 text = r.read()
             scrape_ms = (time.perf_counter() - wall) * 1e3
+            said = text.decode()
             samples.append(
                 {
-                    "disk": _folder_bytes(folder),
+                    "disk": disk,
                     "writer_mb": _rss_mb(pid) if pid else 0.0,
                     "engine_mb": _rss_mb(os.getpid()),
                     "scrape_ms": scrape_ms,
                     "scrape_bytes": len(text),
+                    **{key: _metric(said, name) for key, name in _WRITER_FIGURES.items()},
                 }
             )
             outside += time.process_time() - t0
@@ -138,6 +172,12 @@ def measure(jobs: int, retain: bool) -> dict[str, Any]:
         "rotations": last - 1,
         "engine_ns_per_record": engine_s * 1e9 / written,
         "disk_peak_bytes": max(s["disk"] for s in samples),
+        # each sample: the folder's bytes against the budget, and what the
+        # writer's /metrics said then (None: not published, retention off)
+        "samples": [
+            {"disk": s["disk"], **{key: s[key] for key in _WRITER_FIGURES}} for s in samples
+        ],
+        "within_budget": all(s["disk"] <= budget for s in samples) if retain else None,
         "writer_mb": [s["writer_mb"] for s in samples],
         "engine_mb": [s["engine_mb"] for s in samples],
         "writer_growth": flat("writer_mb"),
@@ -153,9 +193,12 @@ def measure(jobs: int, retain: bool) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--segment", type=int, help="rotate at BYTES (default: the day's)")
+    parser.add_argument("--budget", type=int, help="retain BYTES (default: see the docstring)")
+    parser.add_argument("--retain-only", action="store_true", help="skip the run without rotation")
     args = parser.parse_args()
-    for retain in (False, True):
-        print(json.dumps(measure(args.jobs, retain)))
+    for retain in (True,) if args.retain_only else (False, True):
+        print(json.dumps(measure(args.jobs, retain, segment=args.segment, budget=args.budget)))
 
 
 if __name__ == "__main__":

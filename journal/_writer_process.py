@@ -6,7 +6,11 @@ the engine process, turns a batch into rows with the application's codec
 (``CODEC`` names ``module:attribute``, called with ``ARG``; it has
 ``rows(blob)``, ``committed()``, ``report()`` and ``orphaned(last_seq)``,
 ``checkpoint()`` where the journal keeps a retention budget, and, if it
-likes, ``rotated(index, path, removed)`` after each rotation),
+likes, ``rotated(index, path, removed)`` after each rotation and
+``sized(rotate_bytes, checkpoint_bytes, short_bytes)`` when the journal
+rotates, at the start and after each rotation: the rotation size in force,
+the checkpoint's bytes and what the byte budget lacks, see
+:mod:`journal.retention`),
 appends it to the journal as one commit, tells the codec, and answers on
 standard output when the engine asked to wait, with the codec's report
 (kvstate's: what its audit of the committed records found). The codec's
@@ -65,6 +69,22 @@ def _answer(fd: int, ticket: int, error: str | None, report: bytes) -> None:
         data = data[os.write(fd, data) :]
 
 
+def _on_rotate(codec: Any, rotation: Rotation | None) -> Any:
+    """What the writer calls after each rotation: the codec's ``rotated``,
+    then its ``sized``; the sizes as they stand at the start are told now."""
+    rotated, sized = getattr(codec, "rotated", None), getattr(codec, "sized", None)
+    if rotation is None or sized is None:
+        return rotated
+
+    def told(index: int, path: str, removed: list[str]) -> None:
+        if rotated is not None:
+            rotated(index, path, removed)
+        sized(rotation.rotate_bytes, rotation.checkpoint_bytes, rotation.short_bytes)
+
+    sized(rotation.rotate_bytes, rotation.checkpoint_bytes, rotation.short_bytes)
+    return told
+
+
 def serve(
     path: str,
     synchronous: str,
@@ -84,7 +104,7 @@ def serve(
         rotation,
         synchronous=synchronous,
         checkpoint=checkpoint,
-        on_rotate=getattr(codec, "rotated", None),
+        on_rotate=_on_rotate(codec, rotation),
     )
     written = 0
     error: str | None = None

@@ -18,6 +18,16 @@ of records), so the journal on disk stays within ``keep_bytes`` between
 rotations too; the age budget
 removes a segment once its last write is older than ``keep_seconds``.
 
+A checkpoint grows with the history it carries, and may outgrow the
+rotation size asked: then the rotation size in force grows to the
+checkpoint's bytes (:attr:`~journal.segments.Rotation.rotate_bytes`), so a
+segment never holds fewer bytes of records than of checkpoint (rotated
+sooner, the writer would spend its time writing checkpoints). Where even
+then the budget cannot hold the current segment at its full size, no
+removal can make up for it: that is said on stderr (:func:`say_sizes`) and
+kept as :attr:`~journal.segments.Rotation.short_bytes`, which the writer's
+figures publish, rather than the budget being overrun in silence.
+
 A reader given the journal's first segment, or its folder, then starts at
 the oldest remaining segment (:func:`journal.segments.open_first`) and the
 application goes on from its checkpoint. The order of the steps is what a
@@ -55,9 +65,15 @@ def remove_old(first: str, current: int, rotation: Rotation) -> list[str]:
     indexes = ([1] if os.path.exists(first) else []) + _later_indexes(first)
     sizes = {i: file_bytes(segment_path(first, i)) for i in indexes}
     # the current segment counts at the size it may reach before the next
-    # rotation: its checkpoint, and the rotation size of records after it
-    room = sizes.get(current, 0) + (rotation.max_bytes or 0)
+    # rotation: its checkpoint, and the rotation size in force of records
+    # after it (grown to the checkpoint's where that is larger)
+    room = sizes.get(current, 0) + (rotation.rotate_bytes or 0)
     total = sum(size for i, size in sizes.items() if i != current) + room
+    if rotation.keep_bytes is not None:
+        # what no removal can make up for: the budget cannot hold the segment
+        # being written (said, and published by the writer's figures)
+        rotation.short_bytes = max(0, room - rotation.keep_bytes)
+    say_sizes(segment_path(first, current), rotation, room)
     ident = _journal_id(segment_path(first, current))
     removed: list[str] = []
     for index in indexes:
@@ -92,6 +108,40 @@ def remove_old(first: str, current: int, rotation: Rotation) -> list[str]:
         with contextlib.suppress(OSError):
             _sync_folder(os.path.dirname(first))
     return removed
+
+
+def say_sizes(path: str, rotation: Rotation, room: int) -> None:
+    """Say on stderr that the rotation size in force grew past the one asked
+    (to the checkpoint's bytes: once, and again each time it has doubled
+    since), and that the byte budget cannot hold the segment being written,
+    ``path``, at its full size, ``room`` (once, and again each time what it
+    lacks has grown by a quarter since it was said); and that it holds
+    again. The writer's figures publish both at every rotation."""
+    said = rotation.said
+    grown = rotation.rotate_bytes or 0
+    if grown > (rotation.max_bytes or 0) and grown >= 2 * said["rotate"]:  # 0: never said
+        said["rotate"] = grown
+        print(
+            f"journal retention: {path}: its checkpoint is {rotation.checkpoint_bytes} "
+            f"bytes, more than the rotation size of {rotation.max_bytes}: the journal "
+            f"rotates at {grown} bytes of records (never fewer than of checkpoint)",
+            file=sys.stderr,
+        )
+    short = rotation.short_bytes
+    keep = rotation.keep_bytes or 0
+    if short and (not said["short"] or short >= said["short"] * 5 // 4):
+        said["short"] = short
+        print(
+            f"journal retention: {path}: the budget of {keep} bytes cannot "
+            f"hold the segment being written at its full size, {room} bytes (its "
+            f"checkpoint, then {grown} bytes of records): the journal goes up to {short} "
+            f"bytes over its budget; give it at least {room} bytes, more to keep older "
+            "segments",
+            file=sys.stderr,
+        )
+    elif not short and said["short"]:
+        said["short"] = 0
+        print(f"journal retention: {path}: the budget holds again", file=sys.stderr)
 
 
 def _read(path: str, what: Callable[[sqlite3.Connection], T]) -> T | None:

@@ -98,6 +98,13 @@ class Rotation:
         #: what the current segment held when it was begun (its checkpoint):
         #: the size rotates on is of the records written since
         self._begun_bytes = 0
+        #: the size rotated on: ``max_bytes``, grown to the bytes of the
+        #: checkpoint the current segment begins with where that is larger
+        self.rotate_bytes, self.checkpoint_bytes = max_bytes, 0
+        #: what ``keep_bytes`` lacks to hold the current segment at its full
+        #: size, and what was last said (set by journal.retention.remove_old)
+        self.short_bytes = 0
+        self.said = {"rotate": 0, "short": 0}
 
     @property
     def retains(self) -> bool:
@@ -126,8 +133,8 @@ class Rotation:
         """Whether ``journal``, the current segment, is to be closed now."""
         if self.max_seconds is not None and time.monotonic() - self._opened >= self.max_seconds:
             return True
-        if self.max_bytes is not None:
-            return file_bytes(journal.path) - self._begun_bytes >= self.max_bytes
+        if self.rotate_bytes is not None:
+            return file_bytes(journal.path) - self._begun_bytes >= self.rotate_bytes
         return False
 
     def rotate(
@@ -163,6 +170,7 @@ class Rotation:
         for leftover in (hidden, hidden + "-wal", hidden + "-shm"):
             if os.path.exists(leftover):  # ours, from a rotation killed half-way
                 os.unlink(leftover)
+        counted = [0]  # the checkpoint's bytes, counted as its parts are stored
         with Journal(hidden, synchronous=synchronous) as nxt:
             nxt.continue_after(
                 index=index + 1,
@@ -170,7 +178,7 @@ class Rotation:
                 previous_seq=seq,
                 previous_link=link,
                 previous_name=os.path.basename(journal.path),
-                checkpoint=checkpoint,
+                checkpoint=None if checkpoint is None else _counting(checkpoint, counted),
             )
             nxt.define_views(views)
         if os.path.exists(path):  # made meanwhile by someone else: theirs
@@ -181,7 +189,19 @@ class Rotation:
         self._opened = time.monotonic()
         nxt = Journal(path, synchronous=synchronous)
         self._begun_bytes = file_bytes(path)
+        self.checkpoint_bytes = counted[0]
+        if self.max_bytes is not None and checkpoint is not None:
+            # A segment's records are never fewer bytes than its checkpoint:
+            # rotated sooner, the writer would spend its time writing
+            # checkpoints (said by journal.retention.say_sizes)
+            self.rotate_bytes = max(self.max_bytes, counted[0])
         return nxt
+
+
+def _counting(parts: Iterable[bytes], counted: list[int]) -> Iterator[bytes]:
+    for part in parts:
+        counted[0] += len(part)
+        yield part
 
 
 def file_bytes(path: str) -> int:
@@ -372,6 +392,13 @@ def open_next(
         journal.close()
         raise SegmentError(f"{path}: {problem}")
     return journal
+
+
+def present(first: str) -> list[tuple[int, str]]:
+    """The segments of the journal whose first segment is named ``first``
+    that are on disk now, oldest first: (index, file)."""
+    head = [(1, first)] if os.path.exists(first) else []
+    return head + [(i, segment_path(first, i)) for i in _later_indexes(first)]
 
 
 def later_segments(first: str) -> list[str]:

@@ -56,8 +56,25 @@ class Figures:
     segments: int = 1
     #: segments retention removed (journal.retention)
     segments_removed: int = 0
+    #: where the journal rotates (a recorder's writer process knows): the
+    #: rotation size in force (the one asked, or grown to the checkpoint's),
+    #: the bytes of the checkpoint the current segment begins with, and what
+    #: the byte budget lacks to hold that segment at its full size (0: it
+    #: holds); None where unknown (``kvstate watch``)
+    rotate_bytes: int | None = None
+    checkpoint_bytes: int | None = None
+    budget_short_bytes: int | None = None
     violations: Counter[str] = attrs.field(factory=Counter)
+    #: findings by code in records written since the reader began (a watcher
+    #: that finds a journal already written counts its backlog above only):
+    #: what pages, so that neither a finished run nor a restart pages again
+    new_violations: Counter[str] = attrs.field(factory=Counter)
     first_violation_seq: int | None = None
+    #: how often the writer's retention removed a segment before this reader
+    #: read it, and the reader went on from the oldest segment's checkpoint
+    overtaken: int = 0
+    #: when (seconds since the epoch) the journal's file was last written
+    last_write: float | None = None
     jobs_in_flight: int = 0
     pins_held: int = 0
     #: when (monotonic seconds) the fold last had nothing left to read; None
@@ -73,9 +90,12 @@ class Figures:
         self.role = "" if event.role is None else str(event.role)
         self.audited = not self.role.startswith("worker")
 
-    def fold(self, kinds: Iterable[str], found: Iterable[Violation], ledger: Any) -> None:
+    def fold(
+        self, kinds: Iterable[str], found: Iterable[Violation], ledger: Any, *, new_after: int = 0
+    ) -> None:
         """Count folded records of ``kinds`` and their findings; ``ledger`` is
-        the fold they went through (None where this journal is not audited)."""
+        the fold they went through (None where this journal is not audited).
+        Findings at seqs after ``new_after`` are new (:attr:`new_violations`)."""
         n = 0
         for kind in kinds:
             n += 1
@@ -90,6 +110,8 @@ class Figures:
             if v.is_warning:
                 continue
             self.violations[v.code.value] += 1
+            if v.seq > new_after:
+                self.new_violations[v.code.value] += 1
             if self.first_violation_seq is None:
                 self.first_violation_seq = v.seq
         if ledger is not None:
@@ -104,6 +126,12 @@ class Figures:
         if not self.lag_records() or self.caught_up_at is None:
             return 0.0
         return max(0.0, (time.monotonic() if now is None else now) - self.caught_up_at)
+
+    def silent_seconds(self, now: float | None = None) -> float:
+        """Seconds since the journal's file was last written (0: not known)."""
+        if self.last_write is None:
+            return 0.0
+        return max(0.0, (time.time() if now is None else now) - self.last_write)
 
     def status(self) -> str:
         """One line for a terminal."""

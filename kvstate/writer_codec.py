@@ -238,6 +238,8 @@ class BatchCodec:
         figures = self.figures
         if figures is not None:
             figures.written += len(self._kinds)
+            if self._kinds:
+                figures.last_write = time.time()  # kvstate_journal_silent_seconds
             figures.fold(self._kinds, found, None if auditor is None else auditor.ledger)
             self._kinds = []
             figures.caught_up_at = time.monotonic()
@@ -254,8 +256,21 @@ class BatchCodec:
         first = segments.head_name(path)
         present = [p for p in (first, *segments.later_segments(first)) if os.path.exists(p)]
         self._closed_bytes = sum(file_bytes(p) for p in present if p != path)
+        # as the disk holds it now: the closed segment folded its log in,
+        # retention removed what it removed
+        figures.bytes = self._closed_bytes + file_bytes(path)
         figures.segments = len(present)
         figures.segments_removed += len(removed)
+
+    def sized(self, rotate_bytes: int | None, checkpoint_bytes: int, short_bytes: int) -> None:
+        """Where the journal rotates now: the rotation size in force, the
+        current segment's checkpoint bytes, and what the byte budget lacks to
+        hold that segment (:mod:`journal.retention`), for the figures."""
+        figures = self.figures
+        if figures is not None:
+            figures.rotate_bytes = rotate_bytes
+            figures.checkpoint_bytes = checkpoint_bytes
+            figures.budget_short_bytes = short_bytes
 
     def checkpoint(self) -> Iterator[bytes]:
         """The fold as it stands after the last commit, in parts (see
