@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from journal import RecordError
+from journal import Journal, RecordError
 
 from . import _pickles
 from . import events as ev
@@ -165,6 +165,29 @@ class Resumed:
             f"records 1..{self.seq} were removed by retention; the fold went on from the "
             f"checkpoint stored with {self.path} (segment {self.segment}){forgot}{more}"
         )
+
+
+def resumed_at(journal: Journal) -> Resumed | None:
+    """Where the records of ``journal``, the first remaining segment of a
+    journal, begin when retention removed the segments before it (None: it
+    begins at the header). Its parts are read again, on a connection of
+    their own, when restored: the segment may be closed by then (a reader
+    goes on to the next one before the first record comes)."""
+    row = journal.segment()
+    first_parts = journal.checkpoint() if row is not None else None
+    if row is None or first_parts is None:
+        return None
+    path, seq = journal.path, row[2]
+    first = next(iter(first_parts), None)
+    if first is None:
+        raise RecordError("the checkpoint is empty", path=path, seq=seq)
+    header, forgotten, omitted = summary_of(path, seq, first)
+
+    def read_parts() -> Iterator[bytes]:
+        with Journal(path, readonly=True) as again:
+            yield from again.checkpoint() or ()
+
+    return Resumed(seq, path, row[0], header, read_parts, forgotten, omitted)
 
 
 def summary_of(path: str, seq: int, first_part: bytes) -> tuple[ev.JournalOpened, int, int]:

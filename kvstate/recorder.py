@@ -37,6 +37,7 @@ from .codec import Entry, refusal, refused
 from .errors import RefusedValueError
 from .events import EVENT_TYPES, JournalOpened
 from .events import Event as _Event
+from .extras import require_metrics_extra
 from .figures import metrics_address
 from .live_counts import LiveCounts
 from .placement import place
@@ -83,7 +84,7 @@ def _log_first(log: logging.Logger, path: str, v: Violation) -> None:
         if value is not None
     )
     log.warning(
-        "kvstate: first violation in %s: %s at seq %d%s: %s; explain it with: kvstate replay %s",
+        "first violation in %s: %s at seq %d%s: %s; explain it with: kvstate replay %s",
         path,
         v.code.value,
         v.seq,
@@ -225,7 +226,8 @@ class Recorder:
 
         ``metrics`` (``HOST:PORT``) has the writer process serve the
         journal's live figures on ``/metrics`` (docs/ops.md; the ``metrics``
-        extra). The first violation the audit finds is logged once, at
+        extra: without it, :class:`~kvstate.extras.MissingExtra` before a
+        file exists). The first violation the audit finds is logged once, at
         warning level, on ``logger`` (``logging.getLogger("kvstate")`` by
         default), with the ``kvstate replay`` command that explains it.
         ``live_counts`` shares the writer's audit counts with this process
@@ -249,6 +251,8 @@ class Recorder:
             )
         if metrics is not None:
             metrics_address(metrics)  # refused before a file exists
+            # so is a missing extra: the writer process would only say so on its stderr
+            require_metrics_extra("Recorder.open(metrics=...)")
         header = JournalOpened(
             version=1,
             block_size=block_size,

@@ -28,7 +28,7 @@ from journal import Journal, RecordError, is_journal_file, read_jsonl_lines, seg
 from journal.database import BEFORE_FIRST
 from journal.jsonl import JsonlReader
 from kvstate import events as ev
-from kvstate.checkpoint import Resumed, summary_of
+from kvstate.checkpoint import Resumed, resumed_at
 from kvstate.codec import Entry, from_record, from_stored
 
 from .interleave import interleave
@@ -105,24 +105,10 @@ def _read_segments(name: str, sized: Callable[[int], None] | None) -> Iterator[L
 def resumed(journal: Journal) -> Located | None:
     """The checkpoint the first remaining segment of a journal begins with,
     when the segments before it were removed."""
-    row = journal.segment()
-    parts = journal.checkpoint() if row is not None else None
-    if row is None or parts is None:
+    found = resumed_at(journal)
+    if found is None:
         return None
-    seq = row[2]
-    first = next(iter(parts), None)
-    if first is None:
-        raise RecordError("the checkpoint is empty", path=journal.path, seq=seq)
-    header, forgotten, omitted = summary_of(journal.path, seq, first)
-
-    def read_parts() -> Iterator[bytes]:
-        # read on a connection of its own: the segment may be closed by then
-        # (a reader goes on to the next one before the first record comes)
-        with Journal(journal.path, readonly=True) as again:
-            yield from again.checkpoint() or ()
-
-    resumed = Resumed(seq, journal.path, row[0], header, read_parts, forgotten, omitted)
-    return Located(Entry(seq, 0, None, resumed), journal.path, seq, None)  # type: ignore[arg-type]
+    return Located(Entry(found.seq, 0, None, found), journal.path, found.seq, None)  # type: ignore[arg-type]
 
 
 class Origin:

@@ -17,7 +17,7 @@ from kvstate.violations import Violation
 
 from .explain import describe, lane
 from .sources import entries
-from .verdict import replay
+from .verdict import ReplayResult, replay
 
 
 @attrs.frozen
@@ -94,21 +94,48 @@ def build(paths: Sequence[str], *, req: str | None = None, job: int | None = Non
             marks.setdefault(v.seq, []).append(v)
     title = f"request {req}" if req is not None else f"job {job}"
     if not selected:
-        raise JournalError(
-            f"{', '.join(paths)}: no record names {title}; "
-            + near_matches(result.ledger, req=req, job=job)
-        )
+        raise JournalError(f"{', '.join(paths)}: {_missing(result, title, req=req, job=job)}")
     return Timeline(title, selected, marks)
 
 
-def near_matches(ledger: Ledger, *, req: str | None, job: int | None) -> str:
-    """A hint listing the ids closest to one the journal does not have."""
+def _missing(result: ReplayResult, title: str, *, req: str | None, job: int | None) -> str:
+    """Why no record names ``req`` or ``job``: its records were removed by
+    retention (the journal begins at a checkpoint), or it is not in the
+    journal, with the ids closest to it."""
+    resumed = result.from_checkpoint
+    if resumed is None:
+        return f"no record names {title}; " + near_matches(result.ledger, req=req, job=job)
+    begins = f"the journal now begins after seq {resumed.seq}, from its checkpoint"
+    if _known(result.ledger, req=req, job=job):
+        return f"the records naming {title} were removed by retention: {begins}, which knows it"
+    return (
+        f"no record left names {title}; records 1..{resumed.seq} were removed by retention "
+        f"({begins}), and any naming it with them; " + near_matches(result.ledger, req=req, job=job)
+    )
+
+
+def _known(ledger: Ledger, *, req: str | None, job: int | None) -> bool:
+    """Whether the fold knows ``req`` or ``job`` (in memory, or parked: brought back)."""
+    parking = ledger.parking
     if req is not None:
-        close = difflib.get_close_matches(req, list(ledger.requests), n=5, cutoff=0.5)
+        if parking is not None:
+            parking.request(req)
+        return req in ledger.requests
+    if parking is not None and job is not None:
+        parking.job(job)
+    return job in ledger.jobs
+
+
+def near_matches(ledger: Ledger, *, req: str | None, job: int | None) -> str:
+    """A hint listing the ids closest to one the journal does not have (never
+    the id itself: a checkpoint may know an id no record left names)."""
+    if req is not None:
+        names = [name for name in ledger.requests if name != req]
+        close = difflib.get_close_matches(req, names, n=5, cutoff=0.5)
         if not close:
-            close = sorted(ledger.requests)[:5]
+            close = sorted(names)[:5]
         return ("near matches: " + ", ".join(close)) if close else "the journal has no request"
-    ids = sorted(ledger.jobs, key=lambda j: (abs(j - (job or 0)), j))[:5]
+    ids = sorted((j for j in ledger.jobs if j != job), key=lambda j: (abs(j - (job or 0)), j))[:5]
     return (
         ("near matches: " + ", ".join(map(str, sorted(ids)))) if ids else "the journal has no job"
     )

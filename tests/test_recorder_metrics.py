@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
+import sys
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -83,6 +86,56 @@ def test_a_metrics_address_that_is_not_host_port_is_refused_before_a_file_exists
     with pytest.raises(ValueError, match="HOST:PORT"):
         Recorder.open(tmp_path / "x.db", block_size=16, world_size=1, metrics="9464")
     assert not (tmp_path / "x.db").exists()
+
+
+def test_without_the_metrics_extra_it_says_what_to_install_before_a_file_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvstate.extras import MissingExtra
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
+    with pytest.raises(MissingExtra, match=re.escape("pip install 'kvstate[metrics]'")):
+        Recorder.open(tmp_path / "x.db", block_size=16, world_size=1, metrics="127.0.0.1:9464")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _vllm_config(**extra: object) -> SimpleNamespace:
+    return SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra))
+
+
+def test_the_vllm_observer_reads_a_metrics_address_from_the_extra_config() -> None:
+    from kvstate.vllm._journals import metrics_of
+
+    assert metrics_of(None) is None and metrics_of(_vllm_config()) is None
+    assert metrics_of(_vllm_config(kvstate_metrics="0.0.0.0:9464")) == "0.0.0.0:9464"
+    for bad in ("9464", "host:port", 9464, True, ""):
+        with pytest.raises(ValueError, match="kvstate_metrics"):
+            metrics_of(_vllm_config(kvstate_metrics=bad))
+
+
+def test_under_vllm_the_schedulers_journal_serves_its_figures_and_a_workers_none(
+    tmp_path: Path,
+) -> None:
+    """One address per recorder: the scheduler's journal, which its writer
+    process audits, serves it; a worker's journal given the same settings
+    serves nothing (its port stays free)."""
+    from kvstate.vllm._journals import open_journal
+
+    served, free = f"127.0.0.1:{_port()}", f"127.0.0.1:{_port()}"
+    settings = {"block_size": 16, "world_size": 1, "engine": "vllm test", "run": "r"}
+    scheduler = open_journal(tmp_path, "scheduler", metrics=served, **settings)  # type: ignore[arg-type]
+    worker = open_journal(tmp_path, "worker-0", metrics=free, **settings)  # type: ignore[arg-type]
+    try:
+        _overrun(scheduler)
+        worker.commit()
+        with urllib.request.urlopen(f"http://{served}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://{free}/metrics", timeout=5)
+    finally:
+        scheduler.close(raise_found=False)
+        worker.close(raise_found=False)
+    assert 'role="scheduler"' in text and 'code="TABLE_OVERRUN"' in text
 
 
 def test_live_counts_give_the_engine_the_writers_findings_without_waiting(tmp_path: Path) -> None:

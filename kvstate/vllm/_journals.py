@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from journal import segments
+from kvstate.figures import metrics_address
 from kvstate.recorder import Recorder
 
 ENV = "KVSTATE_VLLM_JOURNAL_DIR"
@@ -77,6 +78,36 @@ def rotation_of(vllm_config: Any = None) -> Rotation:
         None if keep_size is None else int(keep_size),
         None if keep_age is None else float(keep_age),
     )
+
+
+#: ``kv_connector_extra_config`` key: ``HOST:PORT`` where the scheduler's
+#: journal's writer process serves its figures on ``/metrics`` (docs/ops.md)
+METRICS_KEY = "kvstate_metrics"
+
+
+def metrics_of(vllm_config: Any = None) -> str | None:
+    """The ``/metrics`` address the connector's extra config asks for (None: none).
+
+    One address serves one recorder, so the scheduler's journal serves it
+    and the workers' journals serve nothing (:func:`open_journal`). A value
+    that is not ``HOST:PORT`` is refused as :func:`rotation_of` refuses its
+    values: a ``ValueError`` naming the key, and no journal is opened.
+    """
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    extra = (getattr(transfer, "kv_connector_extra_config", None) or {}) if transfer else {}
+    value = extra.get(METRICS_KEY) if isinstance(extra, dict) else None
+    if value is None:
+        return None
+    try:
+        if not isinstance(value, str):
+            raise ValueError(f"not {value!r}")
+        metrics_address(value)
+    except ValueError as exc:
+        raise ValueError(
+            f"kv_connector_extra_config[{METRICS_KEY!r}] must be HOST:PORT "
+            f"(for example 127.0.0.1:9464): {exc}"
+        ) from None
+    return value
 
 
 #: the run name when vLLM's config gives none: one per process (a worker in
@@ -138,6 +169,7 @@ def open_journal(
     run: str,
     protocol: str | None = None,
     rotation: Rotation = NO_ROTATION,
+    metrics: str | None = None,
 ) -> Recorder:
     """A new journal ``folder/{role}-{pid}.db`` (``-2``, ``-3``, ... when a
     connector of this process already wrote one); an existing file is never reused.
@@ -156,6 +188,14 @@ def open_journal(
     ``"offloading"``) writes ``offloading-{role}-{pid}.db`` under a run of
     its own, so a process that runs both connectors (vLLM's MultiConnector)
     has a journal per connector and replay judges each apart.
+
+    ``metrics`` (``HOST:PORT``, :func:`metrics_of`) has a scheduler's
+    journal serve its figures on ``/metrics`` from its writer process, which
+    audits it; a worker's journal is not audited there and serves nothing.
+    Where two scheduler journals ask for one address at once (a process
+    running both connectors, engines sharing a host), the first serves it
+    and the other's writer says on its stderr that it could not; both
+    journals are written all the same.
     """
     folder.mkdir(parents=True, exist_ok=True)
     # A process may build several connectors (vLLM's tests do; so does an
@@ -191,6 +231,8 @@ def open_journal(
         logger=logging.getLogger("vllm.kvstate"),
         # what the audit found, readable at each step (vLLM's stats, kvstate.vllm._stats)
         live_counts=scheduler,
+        # one address per recorder: the scheduler's, whose writer process audits it
+        metrics=metrics if scheduler else None,
         rotate_bytes=rotation[0],
         rotate_seconds=rotation[1],
         retain_bytes=rotation[2],

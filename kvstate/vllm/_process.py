@@ -214,6 +214,7 @@ class ObservedProcess:
             run=_journals.run_name(config),
             protocol=protocol,
             rotation=_journals.rotation_of(config),
+            metrics=_journals.metrics_of(config),
         )
 
     def _connector(self) -> Connector:

@@ -14,8 +14,9 @@ import sys
 from collections.abc import Sequence
 
 from kvstate.errors import TemporaryStorageError
+from kvstate.extras import MissingExtra, missing_extra
 
-from ._common import EXIT_ENVIRONMENT, EXIT_UNUSABLE, Parser, interrupted_status
+from ._common import EXIT_ENVIRONMENT, EXIT_UNUSABLE, Parser, interrupted_status, log_to_stderr
 
 #: command name -> module, in the order ``kvstate --help`` lists them
 COMMANDS = (
@@ -58,6 +59,7 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit status."""
     args = build_parser().parse_args(argv)
+    log_to_stderr()
     try:
         return int(args.func(args))
     except KeyboardInterrupt as exc:
@@ -66,6 +68,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Every command, one place: the environment failed, not the journal.
         print(f"kvstate: error: {exc}", file=sys.stderr)
         return EXIT_ENVIRONMENT
+    except MissingExtra as exc:
+        # An option whose optional extra is not installed (as --ray says it).
+        print(f"kvstate: error: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except ModuleNotFoundError as exc:
+        # An extra's module imported where no check came first: said the same way.
+        missing = missing_extra(exc)
+        if missing is None:
+            raise
+        print(f"kvstate: error: {missing}", file=sys.stderr)
+        return EXIT_UNUSABLE
     except BrokenPipeError:
         # `kvstate replay ... | head`: the reader left; that is not an error.
         sys.stderr.close()

@@ -140,3 +140,20 @@ def terminations_interrupt() -> Iterator[None]:
 def interrupted_status(exc: KeyboardInterrupt) -> int:
     """128 + the signal, as a shell reports a process ended by it."""
     return 128 + (exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
+
+
+#: the format of kvstate's lines in a host's log: the level, then one prefix,
+#: the logger's name (``kvstate``, ``kvstate.watch``)
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+def log_to_stderr() -> None:
+    """Say kvstate's log lines on stderr, where systemd and a container's log
+    collector look, in :data:`LOG_FORMAT`; a host (or a test runner) that
+    configured Python's logging already keeps its own handlers."""
+    import logging
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
+        # the watcher's progress too (a journal ended, a file now a journal)
+        logging.getLogger("kvstate.watch").setLevel(logging.INFO)

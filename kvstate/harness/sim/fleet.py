@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 import attrs
 
+from journal.segments import Rotation
+
 from . import store as st
 from .config import SimConfig, Summary
 from .runtime import Simulation
@@ -35,10 +37,12 @@ def simulate_fleet(
     shared_store: bool = True,
     journal_path: Callable[[str, int], str] = engine_journal,
     bulk: bool = False,
+    rotation: Rotation | None = None,
 ) -> list[tuple[str, Summary]]:
     """Run ``engines`` engines of ``config``; the first ``legacy_engines`` on
     the legacy connector. Returns each engine's journal and summary.
-    ``bulk``: see :class:`Simulation` (the same journals, made faster)."""
+    ``bulk``: see :class:`Simulation` (the same journals, made faster);
+    ``rotation``: each engine's journal rotated (and retained) so."""
     if engines < 1 or not 0 <= legacy_engines <= engines:
         raise ValueError(f"--engines {engines} with --legacy-engines {legacy_engines}")
     shared: st.Store | None = None
@@ -55,7 +59,7 @@ def simulate_fleet(
         stores = None if shared is None else [shared] * config.world_size
         path = journal_path(folder, index)
         run = f"{base}-engine-{index:03d}"
-        sim = Simulation(engine, journal=path, stores=stores, run=run, bulk=bulk)
+        sim = Simulation(engine, journal=path, stores=stores, run=run, bulk=bulk, rotation=rotation)
         try:
             summary = sim.run()
         finally:

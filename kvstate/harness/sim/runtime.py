@@ -29,9 +29,11 @@ from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-from journal import Journal
+from journal import JournalError, segments
+from journal.segments import Rotation
 from kvstate import events as ev
-from kvstate.codec import Entry, from_stored
+from kvstate.checkpoint import restore, resumed_at
+from kvstate.codec import from_stored
 from kvstate.harness.legacy import (
     LegacyCrash,
     scheduler_policy,
@@ -41,6 +43,7 @@ from kvstate.ledger import Ledger
 from kvstate.recorder import Recorder
 from kvstate.scheduler import SchedulerLedger
 from kvstate.spill import SpillArchive
+from kvstate.violations import Violation
 from kvstate.worker import WorkerLedger
 
 from . import store as st
@@ -66,11 +69,15 @@ class Simulation:
         clock: Callable[[], int] | None = None,
         run: str | None = None,
         bulk: bool = False,
+        rotation: Rotation | None = None,
     ) -> None:
         """``bulk`` writes the journal from a writer thread without the
         writer's audit, for runs made as inputs (benchmarks, fleets to check):
         the same records, about 3 times faster here, because no step waits for
-        another process's answer. Such a run is checked by replaying it."""
+        another process's answer. Such a run is checked by replaying it.
+        ``rotation`` rotates the journal into segments, and with a retention
+        budget removes the oldest (``Recorder.open``'s ``rotate_*`` and
+        ``retain_*``; retention needs the writer process, so not ``bulk``)."""
         self.config = config
         self.rng = random.Random(config.seed)
         self.virtual_ns = 0
@@ -106,6 +113,10 @@ class Simulation:
                 clock=clock or time.monotonic_ns,
                 process=not bulk,
                 audit="off" if bulk else "commit",
+                rotate_bytes=None if rotation is None else rotation.max_bytes,
+                rotate_seconds=None if rotation is None else rotation.max_seconds,
+                retain_bytes=None if rotation is None else rotation.keep_bytes,
+                retain_seconds=None if rotation is None else rotation.keep_seconds,
             )
         else:
             self.recorder = Recorder(header, keep=True, clock=clock or time.monotonic_ns)
@@ -484,7 +495,7 @@ class Simulation:
         s.journal = self.journal
         ledger = Ledger(archive=SpillArchive())
         try:
-            findings = [v for v in ledger.fold(self.entries()) if not v.is_warning]
+            findings = [v for v in self._fold(ledger) if not v.is_warning]
         finally:
             ledger.archive.close()
         found = Counter(v.code.value for v in findings)
@@ -492,16 +503,25 @@ class Simulation:
         s.first_violation_req = next((v.req for v in findings if v.req is not None), None)
         s.leaked_pins = found.get("LEAKED_PIN", 0)
 
-    def entries(self) -> Iterator[Entry]:
-        """Every entry recorded so far: kept in memory without a journal, read
-        back from the journal (flushed first) with one."""
+    def _fold(self, ledger: Ledger) -> list[Violation]:
+        """Every finding of the run, folded into ``ledger``: from the records
+        kept in memory without a journal, else from the journal (flushed
+        first), across its segments, and from its checkpoint where retention
+        removed its head (the findings of the removed records come first)."""
         if self.journal is None:
-            yield from self.recorder.entries or []
-            return
+            return ledger.fold(self.recorder.entries or [])
         self.recorder.flush()
-        with Journal(self.journal, readonly=True) as journal:
-            for seq, kind, step, rank, ts, payload in journal.stored_rows():
-                yield from_stored(seq, kind, step, rank, ts, payload, self.journal)
+        check_journal(self.journal)
+        found: list[Violation] = []
+        for index, journal in enumerate(segments.segments(self.journal)):
+            with journal:
+                start = resumed_at(journal) if index == 0 else None
+                if start is not None:
+                    found += restore(ledger, start)
+                for seq, kind, step, rank, ts, payload in journal.stored_rows():
+                    entry = from_stored(seq, kind, step, rank, ts, payload, journal.path)
+                    found += ledger.apply(entry.seq, entry.step, entry.event)
+        return found + ledger.end()
 
     def close(self) -> None:
         """Abandon any job a run left suspended (it reports now), then close the journal."""
@@ -509,6 +529,28 @@ class Simulation:
             self._abandon_jobs()
         finally:
             self.recorder.close()
+
+
+class JournalGone(JournalError):
+    """The journal a run wrote is not where it was written (the message names it)."""
+
+
+def check_journal(path: str) -> None:
+    """Raise :class:`JournalGone` when the journal at ``path`` was deleted or
+    moved while the run wrote it.
+
+    The writer does not notice: it goes on writing to the file it opened,
+    wherever that is now, so the run itself ends well, and only a reader of
+    ``path`` afterwards finds nothing. Retention removes a journal's first
+    segment as it goes; the journal is then its later segments.
+    """
+    if os.path.lexists(path) or segments.later_segments(path):
+        return
+    raise JournalGone(
+        f"{path}: the journal was deleted or moved while the run wrote it: the run wrote "
+        "on into the file wherever it went, so a moved journal is whole where it is now "
+        f"(replay it there) and a deleted one is lost; there is nothing at {path} to replay"
+    )
 
 
 def simulate(config: SimConfig, journal: str | None = None, **kwargs: Any) -> Summary:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from journal import JournalError, journal_output, refuse_existing
+from journal import JournalError, OutputExists, journal_output, refuse_existing, segments
+from journal.segments import Rotation
 
 from ...report import emit, report_console, summary_line
 from ...safe import literal, printable
@@ -85,6 +87,36 @@ def add_parser(sub: Subparsers) -> None:
         default="kv_producer",
         help="a consumer saves only decode blocks, and only with --save-decode-cache",
     )
+    kept = p.add_argument_group(
+        "rotation and retention",
+        "rotate the journal into segments (NAME.000002.db, ...) and keep it within a "
+        "budget, its oldest segments removed once the next begins with a checkpoint "
+        "(docs/journal.md, Segments and Retention)",
+    )
+    kept.add_argument(
+        "--rotate-bytes",
+        type=_positive(int),
+        metavar="BYTES",
+        help="begin a new segment at this size",
+    )
+    kept.add_argument(
+        "--rotate-seconds",
+        type=_positive(float),
+        metavar="S",
+        help="begin a new segment at this age",
+    )
+    kept.add_argument(
+        "--retain-bytes",
+        type=_positive(int),
+        metavar="BYTES",
+        help="keep the journal within this many bytes (at least twice --rotate-bytes)",
+    )
+    kept.add_argument(
+        "--retain-seconds",
+        type=_positive(float),
+        metavar="S",
+        help="remove segments last written longer ago than this",
+    )
     fleet = p.add_argument_group(
         "a fleet",
         "several engines of this configuration, one after another, each journaled as a run "
@@ -114,6 +146,19 @@ def add_parser(sub: Subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """An option's type: a positive number of ``kind`` (argparse says which option)."""
+
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not value > 0:  # also refuses nan
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"  # argparse's "invalid positive int value"
+    return parse
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the engine simulator, journal it, audit the store, print a summary.
 
@@ -126,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     from kvstate.harness.legacy import BUGS
     from kvstate.harness.sim.config import SimConfig
     from kvstate.harness.sim.faults import Faults
-    from kvstate.harness.sim.runtime import Simulation
+    from kvstate.harness.sim.runtime import Simulation, check_journal
 
     bugs = tuple(sorted(BUGS)) if args.legacy_bugs == "all" else None
     if args.legacy_bugs not in (None, "all"):
@@ -160,9 +205,30 @@ def run(args: argparse.Namespace) -> int:
             faults=Faults.parse(args.faults),
             **{name: value for name, value in given.items() if value is not None},
         )
+        rotation = _rotation(args)
         if args.engines > 1 or args.legacy_engines:
-            return _fleet(args, config)
+            return _fleet(args, config, rotation)
         refuse_existing(args.journal, force=args.force)
+        folder = os.path.dirname(args.journal)
+        if os.path.isdir(folder or ".") and segments.later_segments(args.journal):
+            # a rotated journal: --force would replace its first segment alone,
+            # and the segments after it would follow neither journal
+            raise OutputExists(
+                f"{args.journal}: a journal of this name has later segments (it rotated); "
+                "--force replaces one file, never a journal of segments: give the new "
+                "journal a name of its own"
+            )
+        if rotation is not None and os.path.lexists(args.journal):
+            # the replacement is written beside it and renamed over it, which
+            # its segments, named after the file written, would not follow
+            raise OutputExists(
+                f"{args.journal}: already exists; a rotated journal is never written over "
+                "another: give it a name of its own"
+            )
+        # The journal's folder is made for it (docs/ops.md's first example
+        # writes journals/NAME.db in an empty folder); nothing else is.
+        if folder:
+            os.makedirs(folder, exist_ok=True)
     except (ValueError, JournalError, OSError) as exc:
         return unusable(exc, as_json=False)
     console = report_console()
@@ -171,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
             terminations_interrupt(),
             journal_output(args.journal, force=args.force) as tmp,
         ):
-            sim = Simulation(config, journal=tmp)
+            sim = Simulation(config, journal=tmp, rotation=rotation)
             try:
                 with Progress(
                     TextColumn(f"[bold]{config.policy}[/] {config.mode}"),
@@ -197,7 +263,11 @@ def run(args: argparse.Namespace) -> int:
     except (JournalError, OSError) as exc:
         return unusable(exc, as_json=False)
     emit(console, summary_table([summary]))
-    verdict = replay([args.journal])
+    try:
+        check_journal(args.journal)  # still there since the summary read it?
+        verdict = replay([args.journal])
+    except (JournalError, OSError) as exc:
+        return unusable(exc, as_json=False)
     emit(console, summary_line(verdict))
     emit(
         console, literal(f"journal: {args.journal}; explain it with: kvstate replay {args.journal}")
@@ -220,7 +290,34 @@ def run(args: argparse.Namespace) -> int:
     return verdict.exit_status
 
 
-def _fleet(args: argparse.Namespace, config: SimConfig) -> int:
+def _rotation(args: argparse.Namespace) -> Rotation | None:
+    """The rotation and retention the options ask for (None: neither), checked
+    before any file is made: a value ``Rotation`` refuses is a ``ValueError``
+    naming it, and retention without the writer process (``--bulk``) is refused,
+    since the writer process writes the checkpoints it removes segments after."""
+    values = (args.rotate_bytes, args.rotate_seconds, args.retain_bytes, args.retain_seconds)
+    if all(value is None for value in values):
+        return None
+    if args.rotate_bytes is None and args.rotate_seconds is None:
+        raise ValueError(
+            "--retain-bytes and --retain-seconds remove whole segments: give --rotate-bytes "
+            "or --rotate-seconds too"
+        )
+    rotation = Rotation(
+        max_bytes=args.rotate_bytes,
+        max_seconds=args.rotate_seconds,
+        keep_bytes=args.retain_bytes,
+        keep_seconds=args.retain_seconds,
+    )
+    if rotation.retains and args.bulk:
+        raise ValueError(
+            "--retain-bytes and --retain-seconds need the writer process, which writes the "
+            "checkpoints retention removes segments after; --bulk writes without it"
+        )
+    return rotation
+
+
+def _fleet(args: argparse.Namespace, config: SimConfig, rotation: Rotation | None) -> int:
     """``--engines N``: the engines one after another, a journal each in a folder."""
     from kvstate.harness.sim.fleet import engine_journal, simulate_fleet
 
@@ -236,6 +333,7 @@ def _fleet(args: argparse.Namespace, config: SimConfig) -> int:
         legacy_engines=args.legacy_engines,
         shared_store=args.store == "shared",
         bulk=args.bulk,
+        rotation=rotation,
     )
     console = report_console()
     emit(console, summary_table([summary for _, summary in done]))
