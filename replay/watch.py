@@ -1,7 +1,7 @@
 """Follow every journal under a folder as processes write them, and fold each.
 
 ``kvstate watch DIR`` (see :mod:`replay.cli.watch`) polls the folder: a
-journal that appears is opened, and each poll reads what was committed
+journal that appears is followed, and each poll reads what was committed
 since the last one, chain-verified (:meth:`journal.Journal.stored_rows`),
 and folds it. A journal one process writes for every side is folded as
 replay folds it; a scheduler's journal as the writer process's audit folds
@@ -10,12 +10,32 @@ the world size); a rank's journal is counted, and judged with its
 scheduler's by ``kvstate replay``. Each journal's figures
 (:class:`kvstate.figures.Figures`) are what ``/metrics`` publishes.
 
+Left on for months beside the engines, the watcher must never change what
+it reads, nor keep it from becoming what its writer makes of it:
+
+- it holds no journal open between two polls: a writer can take its file
+  out of WAL mode only while no other connection has it open
+  (:func:`journal.database._leave_wal`), so that a finished journal is one
+  file; and a file removed (by retention, by an operator) frees its disk;
+- a journal whose closing record it has read is let go of for good;
+- where the writer's retention removed a segment before the watcher read
+  it, the watcher goes on from the oldest segment left, from its
+  checkpoint, and counts how often it had to (``overtaken``);
+- a journal whose files are all gone is forgotten: its series go.
+
+What it tells an operator goes to the ``kvstate.watch`` logger, one line
+each: every finding in a record written since the watcher began (the ones
+it finds already written when it starts are counted, not said again), a
+journal it cannot read on, a file it skips and why, a journal gone.
+
 Nothing here waits on the clock for correctness: a poll reads what is
-there. The seconds of audit lag are wall time, for an alert.
+there. The seconds of audit lag and of silence are wall time, for alerts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 import time
@@ -23,7 +43,8 @@ from pathlib import Path
 
 import attrs
 
-from journal import JournalError, RecordError, is_journal_file, segments
+from journal import Journal, JournalError, RecordError, is_journal_file, segments
+from journal.segments import file_bytes
 from kvstate import events as ev
 from kvstate.checkpoint import Resumed
 from kvstate.codec import from_stored
@@ -31,92 +52,200 @@ from kvstate.errors import TemporaryStorageError
 from kvstate.figures import Figures
 from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
-from kvstate.violations import Code
+from kvstate.violations import Code, Violation
 
 from .sources import resumed
 from .verdict import resume
+
+log = logging.getLogger("kvstate.watch")
 
 #: rows folded per journal per poll at most (the others' turn comes in between)
 CHUNK = 20_000
 
 
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:  # the files are the engine's: retention removes the oldest
-        return 0
+#: new findings said in the log per journal; the rest are counted on /metrics
+LOGGED_FINDINGS = 1_000
+#: what a poll may fail with on one journal: that journal's line says it
+_UNREADABLE = (RecordError, JournalError, OSError, TemporaryStorageError)
+
+
+#: how often a reader opens the oldest segment again where retention removed
+#: it as it was opened (each time, retention went on: progress, not a clock)
+OPEN_TRIES = 100
+#: the records that end a journal
+_CLOSING = frozenset({"engine_idle", "engine_crashed"})
+
+
+class _Gone(Exception):
+    """Every file of a followed journal is gone (deleted or moved away)."""
 
 
 class _Followed:
     """One journal being followed: its first segment's file, then each later
-    segment as the writer rotates into it (journal.segments)."""
+    segment as the writer rotates into it (journal.segments).
 
-    def __init__(self, path: str) -> None:
-        self.journal = segments.open_first(path)
-        # the first segment's name, even where retention removed it
-        self.path = segments.head_name(self.journal.path)
-        row = self.journal.segment()
-        self._ident: str | None = None if row is None else row[1]
-        self.index = 1 if row is None else row[0]
-        #: the oldest segment that may still be on disk: retention removes
-        #: whole segments, oldest first, never the one being written
-        self._oldest = 1
-        self.last = 0
+    ``baseline``: the findings at seqs up to it were written before the
+    watcher began, and are not new (see :attr:`Figures.new_violations`).
+    """
+
+    def __init__(self, path: str, *, found_at_start: bool) -> None:
+        self.path = segments.head_name(path)  # the first segment's name, even once removed
+        # one label for the journal's series, whichever segment it is found by
+        self.figures = Figures(journal=self.path)
         self.ledger: Ledger | None = None
-        self.figures = Figures(journal=path)
-        self.figures.segments = self.index
-        self._resume()
+        self.last = 0
+        #: the segment read now
+        self.index = 1
+        self.segment = path
+        self._ident: str | None = None
+        #: the closing record was read and nothing follows it: let go of for good
+        self.ended = False
+        self._logged = 0
+        self.baseline = 0
+        if found_at_start:
+            with segments.open_first(self.path) as journal:
+                self.baseline = segments.last_seq(journal)
+        self._open_oldest().close()  # from its checkpoint, where its head was removed
 
-    def _resume(self) -> None:
-        """Where the head was removed (journal.retention): go on from the checkpoint."""
-        item = resumed(self.journal)
-        if item is None:
-            return
-        event: Resumed = item.entry.event  # type: ignore[assignment]
+    # -- where to read ---------------------------------------------------------
+
+    def _open_oldest(self) -> Journal:
+        """The oldest segment left, open: the journal's start, or its checkpoint
+        (restored where it is past what this reader read).
+
+        Retention may remove that very segment between the listing and the
+        open, or before its checkpoint is read: the listing is taken again,
+        as long as it keeps changing (:data:`OPEN_TRIES` times at most).
+        """
+        for _ in range(OPEN_TRIES):
+            before = segments.present(self.path)
+            if not before:
+                raise _Gone
+            journal = None
+            try:
+                journal = segments.open_first(self.path)
+                row = journal.segment()
+                index = 1 if row is None else row[0]
+                ident = segments.id_of_open(journal)
+                item = resumed(journal)
+                if item is not None and item.seq > self.last:
+                    self._restart(item)
+            except (JournalError, RecordError):
+                if journal is not None:
+                    journal.close()
+                if segments.present(self.path) == before:
+                    raise  # not retention's doing: said on the journal's line
+                continue
+            self.index, self.segment, self._ident = index, journal.path, ident
+            return journal
+        raise JournalError(
+            f"{self.path}: its oldest segment was removed {OPEN_TRIES} times as it was "
+            "opened: retention outruns this reader"
+        )
+
+    def _restart(self, item: object) -> None:
+        """Go on from a checkpoint: the records before it are gone."""
+        event: Resumed = item.entry.event  # type: ignore[attr-defined]
         f = self.figures
         f.header(event.header)
-        self.last = f.folded = f.written = event.seq  # what the checkpoint folded
+        if self.last:
+            f.overtaken += 1  # retention removed what this reader had not read yet
+            log.warning(
+                "%s: retention removed records %d..%d before they were read; going on from "
+                "the checkpoint of %s",
+                self.path, self.last + 1, event.seq, event.path,
+            )  # fmt: skip
+        skipped = event.seq - self.last
+        self.last = event.seq
+        f.folded += skipped
+        f.written = max(f.written, event.seq)
         if f.audited:
             self.ledger = Ledger(archive=SpillArchive())
-            found = resume(self.ledger, item)
+            found = resume(self.ledger, item)  # type: ignore[arg-type]
             self.ledger.observes_workers = not f.role  # as the live audit judges it
-            f.fold([], [v for v in found if v.code is not Code.FROM_CHECKPOINT], self.ledger)
+            # the checkpoint lists the findings before it: those not counted yet
+            known = self.last - skipped
+            self._found([v for v in found if v.code is not Code.FROM_CHECKPOINT and v.seq > known])
+            if self.ledger.last_kind in _CLOSING:
+                f.closed = self.ledger.last_kind  # the closing record was among those removed
 
-    def _next_segment(self) -> bool:
-        """Go on to the next segment once the writer began it (the current one is whole)."""
-        # the id from the open segment: retention may have removed the first
-        self._ident = self._ident or segments.id_of_open(self.journal)
-        nxt = segments.open_next(
-            self.path, self.index + 1, self.journal.head(), self.journal.path, self._ident
-        )
+    def _open_current(self) -> Journal:
+        """The segment to read from now (raises :class:`_Gone`)."""
+        if os.path.exists(self.segment):
+            try:
+                return Journal(self.segment, readonly=True)
+            except JournalError:
+                if os.path.exists(self.segment):
+                    raise
+        # removed since the last poll: by retention (later segments remain), or
+        # the whole journal deleted or moved away
+        if not os.path.exists(self.path) and not segments.later_segments(self.path):
+            raise _Gone
+        return self._open_oldest()
+
+    def _next_segment(self, journal: Journal) -> Journal:
+        """The next segment once the writer began it (the current one is whole);
+        ``journal`` itself while there is none."""
+        # the journal's id, from the segment read now: a first segment found
+        # before its first commit had none, and the head may be gone by now
+        self._ident = self._ident or segments.id_of_open(journal)
+        try:
+            nxt = segments.open_next(
+                self.path, self.index + 1, journal.head(), journal.path, self._ident
+            )
+        except JournalError:  # a SegmentError, or the file gone as it was opened
+            if os.path.exists(segments.segment_path(self.path, self.index + 1)):
+                raise  # there, and not this journal's next: said on its line
+            # removed before this reader reached it: from the oldest segment left
+            journal.close()
+            return self._open_oldest()
         if nxt is None:
-            return False
-        self.journal.close()
-        self.journal, self.index = nxt, self.index + 1
-        self.figures.segments = self.index
-        return True
+            return journal
+        journal.close()
+        self.index, self.segment = self.index + 1, nxt.path
+        return nxt
+
+    # -- reading ---------------------------------------------------------------
 
     def read(self) -> bool:
-        """Fold what was committed since the last read; whether anything was."""
+        """Fold what was committed since the last read; whether anything was.
+
+        Raises :class:`_Gone` once every file of the journal is gone.
+        """
         f = self.figures
-        if f.error is not None:
+        self._measure()
+        if f.segments == f.segments_removed:
+            raise _Gone  # no file of it left: deleted or moved away
+        if f.error is not None or self.ended:
             return False
         kinds: list[str] = []
-        found = []
         try:
-            if self.last >= self.journal.head()[0]:
-                self._next_segment()
-            f.written = max(0, self.journal.head()[0])
-            while self._oldest < self.index and not os.path.exists(
-                segments.segment_path(self.path, self._oldest)
-            ):
-                self._oldest += 1
-            f.segments_removed = self._oldest - 1
-            f.bytes = sum(
-                _size(segments.segment_path(self.path, i))
-                for i in range(self._oldest, self.index + 1)
-            )
-            for seq, kind, step, rank, ts, payload in self.journal.stored_rows(
+            journal = self._open_current()
+            try:
+                if self.last >= journal.head()[0]:
+                    journal = self._next_segment(journal)
+                kinds = self._fold(journal)
+            finally:
+                journal.close()  # held by no poll: the writer can make it one file
+        except _Gone:
+            raise
+        except _UNREADABLE as exc:
+            # one journal that cannot be read on is said on its line (and its
+            # kvstate_journal_readable gauge); the others are followed on
+            f.error = str(exc)
+            log.error("%s: cannot be read on: %s", self.path, exc)
+        if f.closed and f.folded >= f.written:
+            self.ended = True  # nothing follows engine_idle or engine_crashed
+            log.info("%s: ended with %s at seq %d; let go of", self.path, f.closed, self.last)
+        return bool(kinds)
+
+    def _fold(self, journal: Journal) -> list[str]:
+        f = self.figures
+        f.written = max(0, journal.head()[0])
+        kinds: list[str] = []
+        found: list[Violation] = []
+        try:
+            for seq, kind, step, rank, ts, payload in journal.stored_rows(
                 after=self.last, upto=self.last + CHUNK
             ):
                 entry = from_stored(seq, kind, step, rank, ts, payload, self.path)
@@ -129,17 +258,49 @@ class _Followed:
                 kinds.append(kind)
                 if self.ledger is not None:
                     found += self.ledger.apply(seq, entry.step, entry.event)
-        except (RecordError, JournalError, OSError, TemporaryStorageError) as exc:
-            # one journal that cannot be read on is said on its line (and its
-            # kvstate_journal_readable gauge); the others are followed on
-            f.error = str(exc)
-        f.fold(kinds, found, self.ledger)
-        if f.folded >= f.written:
-            f.caught_up_at = time.monotonic()
-        return bool(kinds)
+        finally:
+            f.fold(kinds, [], self.ledger)
+            self._found(found)
+            if f.folded >= f.written:
+                f.caught_up_at = time.monotonic()
+        return kinds
 
-    def close(self) -> None:
-        self.journal.close()
+    def _found(self, found: list[Violation]) -> None:
+        """Count findings, and say each new one in the log (up to LOGGED_FINDINGS)."""
+        f = self.figures
+        f.fold([], found, None, new_after=self.baseline)
+        for v in found:
+            if v.is_warning or v.seq <= self.baseline:
+                continue
+            self._logged += 1
+            if self._logged <= LOGGED_FINDINGS:
+                log.warning(
+                    "%s: %s at seq %d: %s; explain it with: kvstate replay %s",
+                    self.path, v.code.value, v.seq, v.message, self.path,
+                )  # fmt: skip
+            elif self._logged == LOGGED_FINDINGS + 1:
+                log.warning(
+                    "%s: more than %d new findings; the rest are counted on /metrics "
+                    "(kvstate_violations_new_total), not said here",
+                    self.path, LOGGED_FINDINGS,
+                )  # fmt: skip
+
+    def _measure(self) -> None:
+        """The journal's files on disk: segments left and removed, bytes (each
+        with its log: what the disk holds), and when it was last written."""
+        f = self.figures
+        on_disk = segments.present(self.path)
+        f.segments = max(self.index, on_disk[-1][0]) if on_disk else self.index
+        f.segments_removed = f.segments - len(on_disk)
+        f.bytes = sum(file_bytes(name) for _, name in on_disk)
+        times = []
+        for file in [name for _, name in on_disk[-1:]] + [
+            name + "-wal" for _, name in on_disk[-1:]
+        ]:
+            with contextlib.suppress(OSError):
+                times.append(os.path.getmtime(file))
+        if times:
+            f.last_write = max(times)
 
 
 class Watcher:
@@ -150,52 +311,85 @@ class Watcher:
         if not self.folder.is_dir():
             raise JournalError(f"{self.folder}: not a folder")
         self._followed: dict[str, _Followed] = {}
-        #: files that are not (yet) journals this reader can open, and why
-        self.unopened: dict[str, str] = {}
+        #: files in the folder that are not (yet) journals this reader can open, and why
+        self.skipped: dict[str, str] = {}
+        #: every file not (yet) opened, and why, as the last poll found it
+        self._sighted: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._polls = 0
 
     def poll(self) -> bool:
-        """One pass: pick up new journals, fold what each committed; whether
-        anything new was read."""
-        self._discover()
+        """One pass: pick up new journals, fold what each committed, forget the
+        ones gone; whether anything new was read."""
+        self._discover(found_at_start=self._polls == 0)
+        self._polls += 1
         progressed = False
-        for followed in list(self._followed.values()):
+        for name, followed in list(self._followed.items()):
             with self._lock:
-                progressed |= followed.read()
+                try:
+                    progressed |= followed.read()
+                except _Gone:
+                    del self._followed[name]
+                    log.warning(
+                        "%s: gone (deleted or moved away); no longer followed", followed.path
+                    )
         return progressed
 
-    def _discover(self) -> None:
+    def _discover(self, *, found_at_start: bool) -> None:
+        seen = set()
         for file in sorted(self.folder.rglob("*")):
             name = str(file)
             hidden = any(p.startswith(".") for p in file.relative_to(self.folder).parts)
             if hidden or name in self._followed or not file.is_file():
                 continue
             if not is_journal_file(name):
+                if name.endswith(".db"):
+                    seen.add(name)
+                    self._skip(name, "not an SQLite database (empty, or another kind of file)")
                 continue
+            seen.add(name)
             if not segments.is_start(name):
                 continue  # followed through its first segment (or its oldest one left)
             if any(f.path == segments.head_name(name) for f in self._followed.values()):
                 continue  # followed since before retention removed its head
             try:
-                followed = _Followed(name)
+                followed = _Followed(name, found_at_start=found_at_start)
             except (JournalError, RecordError, OSError) as exc:
-                # a database whose writer has not made its schema yet
-                self.unopened[name] = str(exc)
+                # not a kvstate journal, or one whose writer has not made its schema yet
+                self._skip(name, str(exc))
                 continue
-            self.unopened.pop(name, None)
+            self._sighted.pop(name, None)
+            if self.skipped.pop(name, None) is not None:
+                log.info("%s: now a journal; followed", name)
             with self._lock:
                 self._followed[name] = followed
+        for name in set(self._sighted) - seen:
+            self._sighted.pop(name)  # gone, or followed
+            self.skipped.pop(name, None)
+
+    def _skip(self, name: str, why: str) -> None:
+        why = why.removeprefix(f"{name}: ")  # the line names the file once
+        # One line per file and reason, said the second poll it is found so: a
+        # journal being created is empty, then without its table, for the
+        # moment between its writer's first two statements.
+        if self._sighted.get(name) == why and self.skipped.get(name) != why:
+            log.warning("%s: skipped: %s", name, why)
+            self.skipped[name] = why
+        self._sighted[name] = why
 
     def figures(self) -> list[Figures]:
         """Every journal's figures (copies: safe to read while the watcher folds)."""
         with self._lock:
             return [
-                attrs.evolve(f.figures, violations=f.figures.violations.copy())
+                attrs.evolve(
+                    f.figures,
+                    violations=f.figures.violations.copy(),
+                    new_violations=f.figures.new_violations.copy(),
+                )
                 for f in self._followed.values()
             ]
 
     def close(self) -> None:
+        """Forget every journal (none is held open between two polls)."""
         with self._lock:
-            for followed in self._followed.values():
-                followed.close()
             self._followed.clear()

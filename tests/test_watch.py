@@ -141,10 +141,11 @@ def test_the_shipped_rules_and_dashboard_name_only_published_metrics() -> None:
 
     from kvstate.figures import Figures
 
-    figures = Figures(journal="j.db", first_violation_seq=3)
+    figures = Figures(journal="j.db", first_violation_seq=3, last_write=0.0, budget_short_bytes=0)
     figures.violations["POISONED_READ"] = 1
     published = set()
-    for family in FiguresCollector(lambda: [figures], budget=1).collect():
+    collector = FiguresCollector(lambda: [figures], budget=1, skipped=lambda: 0)
+    for family in collector.collect():
         published |= {sample.name for sample in family.samples}
     ops = ROOT / "docs" / "ops"
     rules = (ops / "kvstate-alerts.yml").read_text()

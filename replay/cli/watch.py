@@ -60,12 +60,16 @@ def run(args: argparse.Namespace) -> int:
     stop = None
     try:
         if args.metrics:
+            from kvstate.extras import require_metrics_extra
+
+            require_metrics_extra("--metrics")
             from kvstate.prometheus import FiguresCollector, serve
 
             try:
-                stop = serve(
-                    args.metrics, FiguresCollector(watcher.figures, budget=args.disk_budget)
+                collector = FiguresCollector(
+                    watcher.figures, budget=args.disk_budget, skipped=lambda: len(watcher.skipped)
                 )
+                stop = serve(args.metrics, collector)
             except (ValueError, OSError) as exc:
                 print(f"kvstate: error: --metrics {args.metrics}: {exc}", file=sys.stderr)
                 return EXIT_UNUSABLE
@@ -73,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         if args.once:
             while watcher.poll():
                 pass
+            watcher.poll()  # a file not a journal is called skipped the second poll it is found
             return _report(watcher)
         with terminations_interrupt():
             _follow(watcher, args.interval)
@@ -141,8 +146,10 @@ def _report(watcher: Watcher) -> int:
         print(line)
     for f in figures:
         print(f"  {f.journal}: {f.status()}")
-    for name, why in sorted(watcher.unopened.items()):
-        print(f"{name}: not opened: {why}")
-    if any(f.error for f in figures) or watcher.unopened:
+    for name, why in sorted(watcher.skipped.items()):
+        # not a journal (another SQLite file, an empty or garbage .db): said and
+        # counted, and no reason to call the journals beside it unreadable
+        print(f"{name}: skipped: {why}")
+    if any(f.error for f in figures):
         return EXIT_UNUSABLE
     return EXIT_VIOLATIONS if any(f.violations for f in figures) else EXIT_CLEAN
