@@ -9,18 +9,21 @@ function checks a put against the save request, and the store against both.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 from collections.abc import Iterable, Sequence
+
+from kvstate.vllm._memory import KvMemory
 
 DIGEST_SIZE = 8
 
 
-def of_segments(addrs: Sequence[int], sizes: Sequence[int]) -> str:
-    """The digest of the bytes at ``addrs`` (``sizes`` long each), in order."""
+def of_segments(memory: KvMemory, addrs: Sequence[int], sizes: Sequence[int]) -> str:
+    """The digest of the bytes at ``addrs`` (``sizes`` long each), in order,
+    read through ``memory`` (never from a raw address it does not know:
+    :class:`kvstate.vllm._memory.UnreadableMemory`)."""
     h = hashlib.blake2b(digest_size=DIGEST_SIZE)
-    for addr, size in zip(addrs, sizes, strict=True):
-        h.update((ctypes.c_char * size).from_address(addr))
+    for segment in memory.segments(addrs, sizes):
+        h.update(segment)
     return h.hexdigest()
 
 

@@ -9,10 +9,12 @@ process's :meth:`~kvstate.vllm._process.ObservedProcess.observe`, what it did.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from kvstate.events import SkipReason
 from kvstate.vllm._compat import Connector
+from kvstate.vllm._memory import KvMemory
 from kvstate.vllm._process import ObservedProcess
 from kvstate.vllm._worker import WorkerObserver
 
@@ -25,6 +27,8 @@ class SchedulerHooks:
         #: before vLLM #52372: the connector reports finished requests, not jobs
         self.legacy = connector.flavor == "req-counters"
         self.connector = connector
+        #: the KV cache tensors of the register_kv_caches call under way (per thread)
+        self._registering = threading.local()
 
     def patch(self) -> None:
         sched = self.connector.cls("scheduler", "MooncakeStoreScheduler")
@@ -92,6 +96,8 @@ class WorkerHooks:
         self.process = process
         self.legacy = connector.flavor == "req-counters"
         self.connector = connector
+        #: the KV cache tensors of the register_kv_caches call under way (per thread)
+        self._registering = threading.local()
 
     def patch(self) -> None:
         worker = self.connector.cls("worker", "MooncakeStoreWorker")
@@ -99,6 +105,7 @@ class WorkerHooks:
         recv = self.connector.cls("worker", "KVCacheStoreRecvingThread")
         around = self.process.patches.around
         around(worker, "__init__", self.worker_init)
+        around(worker, "register_kv_caches", self.register_kv_caches)
         around(worker, "get_finished", self.get_finished)
         around(send, "__init__", self.sending_init)
         around(send, "add_request", self.add_request)
@@ -116,6 +123,26 @@ class WorkerHooks:
         self.process.worker_config = vllm_config
         original(worker, vllm_config, *a, **kw)
 
+    def register_kv_caches(self, original: Any, worker: Any, kv_caches: Any, *a: Any) -> Any:
+        """The KV cache tensors, seen as vLLM registers them: the rank's
+        transfer threads are made in this call, and their observer reads the
+        blocks' bytes for fingerprints only through these tensors
+        (kvstate.vllm._memory), never through a raw address alone."""
+        try:
+            self._registering.memory = KvMemory.of(kv_caches)
+        except Exception:  # not tensors (a unit test's stand-ins): no fingerprints
+            self._registering.memory = None
+        try:
+            return original(worker, kv_caches, *a)
+        finally:
+            self._registering.memory = None
+
+    def _memory_to(self, thread: Any) -> None:
+        """Hand the tensors being registered to a transfer thread made meanwhile."""
+        memory = getattr(self._registering, "memory", None)
+        if memory is not None:
+            thread.__dict__["_kvstate_memory"] = memory
+
     def get_finished(self, original: Any, worker: Any, finished_req_ids: Any, meta: Any) -> Any:
         thread = getattr(worker, "kv_send_thread", None)
         observer = self.process.worker(thread) if thread is not None else None
@@ -129,6 +156,7 @@ class WorkerHooks:
 
     def sending_init(self, original: Any, thread: Any, *args: Any, **kwargs: Any) -> None:
         original(thread, *args, **kwargs)
+        self._memory_to(thread)
         observer = self.process.worker(thread)
         if observer is not None:
             observer.store = thread.store  # unobserved, for finish()'s read-back
@@ -136,6 +164,7 @@ class WorkerHooks:
 
     def receiving_init(self, original: Any, thread: Any, *args: Any, **kwargs: Any) -> None:
         original(thread, *args, **kwargs)
+        self._memory_to(thread)
         observer = self.process.worker(thread)
         if observer is not None:
             thread.store = _ObservedStore(thread.store, observer, self.process)

@@ -193,7 +193,8 @@ class ObservedProcess:
     def _new_worker(self, thread: Any, rank: int) -> WorkerObserver:
         config = self.worker_config
         recorder = self.open(config, f"worker-{rank}", thread.block_size, _world_size(config))
-        return WorkerObserver(recorder, rank=rank, fingerprint=self.fingerprint)
+        memory = thread.__dict__.get("_kvstate_memory")  # its KV tensors (WorkerHooks)
+        return WorkerObserver(recorder, rank=rank, fingerprint=self.fingerprint, memory=memory)
 
     def open(
         self,

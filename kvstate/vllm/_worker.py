@@ -17,13 +17,18 @@ store's copy is audited at the end against the request-time fingerprint.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from kvstate import events as ev
 from kvstate.recorder import Recorder
 from kvstate.vllm import _fingerprint
 from kvstate.vllm._commit import GroupCommit
+from kvstate.vllm._memory import KvMemory, UnreadableMemory
+
+_log = logging.getLogger("kvstate.vllm")
 
 
 def _key_hex(key: str) -> str:
@@ -80,10 +85,21 @@ class _Job:
 class WorkerObserver:
     """Journals one rank: its sending thread, its loads, and the store audit."""
 
-    def __init__(self, recorder: Recorder, *, rank: int, fingerprint: bool) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        *,
+        rank: int,
+        fingerprint: bool,
+        memory: KvMemory | None = None,
+    ) -> None:
         self.recorder = recorder
         self.rank = rank
+        #: the KV cache tensors the rank registered, read for fingerprints
+        self.memory = memory
         self.fingerprint = fingerprint
+        if fingerprint and memory is None:
+            self._no_fingerprints("the KV cache tensors were not seen registered")
         self.step = 0
         #: its journal was ended (finish(), or the observer stood down)
         self.closed = False
@@ -103,6 +119,26 @@ class WorkerObserver:
 
     def _record(self, event: ev.Event) -> None:
         self.recorder.record(event, self.step)
+
+    def _no_fingerprints(self, why: str) -> None:
+        """Turn this rank's fingerprint audit off, saying why: it reads the
+        blocks' bytes only through the tensors vLLM registered
+        (kvstate.vllm._memory), never a raw address it cannot place."""
+        self.fingerprint = False
+        _log.warning(
+            "rank %d of %s: fingerprint audit off (%s); the journal goes on",
+            self.rank, getattr(self.recorder.writer, "path", "its journal"), why,
+        )  # fmt: skip
+
+    def _digest(self, addrs: Sequence[int], sizes: Sequence[int]) -> str | None:
+        """The fingerprint of one key's segments (None: the audit is off now)."""
+        if not self.fingerprint or self.memory is None:
+            return None
+        try:
+            return _fingerprint.of_segments(self.memory, addrs, sizes)
+        except UnreadableMemory as exc:
+            self._no_fingerprints(str(exc))
+            return None
 
     # -- the worker's step -----------------------------------------------------------
 
@@ -147,8 +183,10 @@ class WorkerObserver:
         table = meta.block_ids[0]
         digests = {}
         for i, block in enumerate(table[:end]):
-            addrs, sizes = db.prepare_value_for_block(block)
-            digests[i] = _fingerprint.of_segments(addrs, sizes)
+            digest = self._digest(*db.prepare_value_for_block(block))
+            if digest is None:
+                return {}
+            digests[i] = digest
         return digests
 
     def begin_job(self, meta: Any, reason: ev.SkipReason) -> _Job | None:
@@ -230,11 +268,14 @@ class WorkerObserver:
         blocks = [table[c] for c in chunks if c is not None and c < len(table)]
         self._record(ev.DmaStarted(job=run.id, rank=self.rank, blocks=tuple(blocks)))
         digest = expected = None
+        now = []
         if self.fingerprint:
+            now = [self._digest(a, z) for a, z in zip(addrs, sizes, strict=True)]
+        if self.fingerprint and None not in now:
             requested = self.requested.get(run.id, {})
-            now = [_fingerprint.of_segments(a, z) for a, z in zip(addrs, sizes, strict=True)]
             before = [requested.get(c, "") if c is not None else "" for c in chunks]
-            digest, expected = _fingerprint.combine(now), _fingerprint.combine(before)
+            digest = _fingerprint.combine(d for d in now if d is not None)
+            expected = _fingerprint.combine(before)
             for key, want in zip(keys, before, strict=True):
                 if want:
                     self.written.setdefault(_key_hex(key), (run.id, key, want))
@@ -273,7 +314,9 @@ class WorkerObserver:
                 continue
             name = _key_hex(key)
             wrote = self.written.get(name)
-            digest = _fingerprint.of_segments(a, z)
+            digest = self._digest(a, z)
+            if digest is None:
+                return  # the audit went off: nothing more is compared
             if wrote is None:
                 # Another engine sharing the store wrote it: this run cannot
                 # judge the bytes; a fleet check joins the digest with the
