@@ -9,6 +9,7 @@ the middle of a request.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -259,3 +260,28 @@ def test_a_value_vllm_hands_over_that_the_contract_refuses_keeps_the_journal_rea
     (path,) = observed.glob("scheduler-*.db")
     result = replay([str(path)])
     assert [v.code.value for v in result.violations] == ["RECORD_REFUSED"]
+
+
+def test_a_release_kvstate_was_not_tested_with_is_named_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """install() checks shapes, not versions: on a newer release with the
+    shapes it knows it observes, and says once which release it was not
+    tested on; a tested one says nothing."""
+    from kvstate.vllm._compat import TESTED
+
+    monkeypatch.setattr(_install, "_untested", set())
+    for version, said in (("0.33.0", 1), ("0.33.0", 0), (TESTED[-1], 0), (f"{TESTED[-1]}+cpu", 0)):
+        monkeypatch.setattr(_install, "process", _install.ObservedProcess())
+        monkeypatch.setattr(_install, "detect", lambda v=version: Connector(v, "job-ids", {}))
+        monkeypatch.setattr(_install.SchedulerHooks, "patch", lambda self: None)
+        monkeypatch.setattr(_install.WorkerHooks, "patch", lambda self: None)
+        monkeypatch.setattr(_install._offloading, "classes", lambda: None)
+        monkeypatch.setattr(_install._per_request, "classes", lambda: None)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="kvstate.vllm"):
+            assert _install.install().version == version
+        lines = [r.getMessage() for r in caplog.records if "not a release" in r.getMessage()]
+        assert len(lines) == said, (version, lines)
+        if said:
+            assert lines[0].startswith(f"vLLM {version} is not a release kvstate was tested with")

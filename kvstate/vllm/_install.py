@@ -18,6 +18,7 @@ from typing import Any
 from kvstate.vllm import _journals, _offloading, _per_request
 from kvstate.vllm._compat import (
     OFFLOADING_ONLY,
+    TESTED,
     Connector,
     UnsupportedVLLMError,
     detect,
@@ -69,7 +70,7 @@ def install(
                 raise
             # An older vLLM whose MooncakeStoreConnector has another shape:
             # its OffloadingConnector is observed alone.
-            _log.warning("kvstate.vllm: the MooncakeStoreConnector is not observed: %s", exc)
+            _log.warning("the MooncakeStoreConnector is not observed: %s", exc)
             connector = Connector(vllm_version(), OFFLOADING_ONLY, {})
         else:
             SchedulerHooks(process, connector).patch()
@@ -79,8 +80,30 @@ def install(
         elif per_request is not None:
             _per_request.PerRequestHooks(process, *per_request).patch()
         process.connector = connector
+        _say_untested(connector.version)
         atexit.register(_close_at_exit)
         return connector
+
+
+#: the untested releases already named in this process's log
+_untested: set[str] = set()
+
+
+def _say_untested(version: str) -> None:
+    """Name, once per process, a vLLM release kvstate was not tested with.
+
+    install() checks shapes, not versions: on a newer release whose classes
+    have the shapes observed here, it observes them. An operator still needs
+    to know that the release was not among those tested.
+    """
+    if version.split("+")[0] in TESTED or version in _untested:  # 0.32.0+cpu is 0.32.0
+        return
+    _untested.add(version)
+    _log.warning(
+        "vLLM %s is not a release kvstate was tested with (tested: %s); its connectors "
+        "are observed where their classes have the shapes kvstate knows",
+        version, ", ".join(TESTED),
+    )  # fmt: skip
 
 
 def patched() -> Iterator[tuple[Any, str]]:
