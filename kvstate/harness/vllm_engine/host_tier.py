@@ -13,7 +13,8 @@ Selected as an outside spec::
 
     KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
         kv_connector_extra_config={"spec_name": "HostTierSpec",
-            "spec_module_path": "kvstate.vllm.host_tier", "cpu_bytes_to_use": 1 << 26})
+            "spec_module_path": "kvstate.harness.vllm_engine.host_tier",
+            "cpu_bytes_to_use": 1 << 26})
 
 ``kvstate_copy_delay`` (engine steps, default 0) holds every store until
 the engine has made that many more steps (calls of ``get_finished``, once a
@@ -111,7 +112,17 @@ class HostTierWorker(OffloadingWorker):
     ) -> bool:
         return self._submit(_Transfer(job_id, True, src_spec, dst_spec))
 
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
+    def submit_load(
+        self,
+        job_id: int,
+        src_spec: LoadStoreSpec,
+        dst_spec: GPULoadStoreSpec,
+        expedited: bool = False,
+    ) -> bool:
+        # ``expedited`` (vLLM 0.33.0's synchronous loads, waited in the step
+        # that submits them): one copy thread copies in order either way, and
+        # wait() copies at once what it waits for
+        del expedited
         return self._submit(_Transfer(job_id, False, src_spec, dst_spec))
 
     def get_finished(self) -> list[TransferResult]:
