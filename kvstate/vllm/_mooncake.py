@@ -27,8 +27,6 @@ class SchedulerHooks:
         #: before vLLM #52372: the connector reports finished requests, not jobs
         self.legacy = connector.flavor == "req-counters"
         self.connector = connector
-        #: the KV cache tensors of the register_kv_caches call under way (per thread)
-        self._registering = threading.local()
 
     def patch(self) -> None:
         sched = self.connector.cls("scheduler", "MooncakeStoreScheduler")
