@@ -47,6 +47,17 @@ def _codes(violations: list) -> dict[str, int]:  # type: ignore[type-arg]
     return out
 
 
+def _legacy_run(folder: Path) -> Path:
+    """`kvstate run` of the legacy policy (seed 3: 203 violations) into ``folder``."""
+    journal = folder / "legacy.db"
+    subprocess.run(
+        [*KVSTATE, "run", "--journal", str(journal), "--policy", "legacy", "--seed", "3",
+         "--requests", "40"],
+        env=ENV, stdout=subprocess.DEVNULL, check=False,
+    )  # fmt: skip
+    return journal
+
+
 def _alone(path: Path, tmp_path: Path) -> Path:
     """``path`` copied alone, as people attach a journal to a ticket."""
     copy = tmp_path / "ticket" / path.name
@@ -68,12 +79,7 @@ def test_a_journal_written_while_watch_follows_it_ends_as_one_file(tmp_path: Pat
         stderr=subprocess.DEVNULL,
     )
     try:
-        journal = folder / "legacy.db"
-        subprocess.run(
-            [*KVSTATE, "run", "--journal", str(journal), "--policy", "legacy", "--seed", "3",
-             "--requests", "40"],
-            env=ENV, stdout=subprocess.DEVNULL, check=False,
-        )  # fmt: skip
+        journal = _legacy_run(folder)
         assert watch.poll() is None  # it was following all along
     finally:
         watch.send_signal(signal.SIGTERM)
@@ -243,12 +249,7 @@ def test_off_a_terminal_each_new_finding_and_each_skipped_file_is_one_log_line(
             stderr=log,
         )
     try:
-        journal = folder / "legacy.db"
-        subprocess.run(
-            [*KVSTATE, "run", "--journal", str(journal), "--policy", "legacy", "--seed", "3",
-             "--requests", "40"],
-            env=ENV, stdout=subprocess.DEVNULL, check=False,
-        )  # fmt: skip
+        journal = _legacy_run(folder)
         expected = replay([str(journal)]).violations
         # until the watcher read the journal's closing record (progress it
         # logs), after which it has nothing more to say of it

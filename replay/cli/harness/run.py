@@ -93,30 +93,18 @@ def add_parser(sub: Subparsers) -> None:
         "budget, its oldest segments removed once the next begins with a checkpoint "
         "(docs/journal.md, Segments and Retention)",
     )
-    kept.add_argument(
-        "--rotate-bytes",
-        type=_positive(int),
-        metavar="BYTES",
-        help="begin a new segment at this size",
-    )
-    kept.add_argument(
-        "--rotate-seconds",
-        type=_positive(float),
-        metavar="S",
-        help="begin a new segment at this age",
-    )
-    kept.add_argument(
-        "--retain-bytes",
-        type=_positive(int),
-        metavar="BYTES",
-        help="keep the journal within this many bytes (at least twice --rotate-bytes)",
-    )
-    kept.add_argument(
-        "--retain-seconds",
-        type=_positive(float),
-        metavar="S",
-        help="remove segments last written longer ago than this",
-    )
+    for flag, kind, metavar, what in (
+        ("--rotate-bytes", int, "BYTES", "begin a new segment at this size"),
+        ("--rotate-seconds", float, "S", "begin a new segment at this age"),
+        (
+            "--retain-bytes",
+            int,
+            "BYTES",
+            "keep the journal within this many bytes (at least twice --rotate-bytes)",
+        ),
+        ("--retain-seconds", float, "S", "remove segments last written longer ago than this"),
+    ):
+        kept.add_argument(flag, type=_positive(kind), metavar=metavar, help=what)
     fleet = p.add_argument_group(
         "a fleet",
         "several engines of this configuration, one after another, each journaled as a run "
