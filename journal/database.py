@@ -100,6 +100,8 @@ class Journal:
                     raise JournalError(f"{self.path}: is a directory, not a journal")
                 self._conn, self._private = connect_readonly(self.path)
             else:
+                if not os.path.lexists(self.path):
+                    _create_whole(self.path)
                 self._conn = sqlite3.connect(
                     self.path, isolation_level=None, check_same_thread=False
                 )
@@ -109,15 +111,7 @@ class Journal:
                 self._conn.execute("PRAGMA journal_mode = WAL")
                 self._conn.execute(f"PRAGMA synchronous = {synchronous}")
                 _schema.create(self._conn)
-            try:
-                _schema.check(self._conn, self.path)
-            except JournalError as exc:
-                if readonly and says_wal(self.path) and not os.path.exists(self.path + "-wal"):
-                    raise JournalError(
-                        f"{exc}; its header says WAL mode and no -wal lies beside it: a "
-                        "journal's .db copied alone, while its records were in its log?"
-                    ) from None
-                raise
+            _schema.check(self._conn, self.path)
         except _UNREADABLE as exc:
             raise JournalError(f"{self.path}: cannot open journal: {exc}") from exc
         self._pack = msgpack.Packer(use_bin_type=True).pack
@@ -497,6 +491,38 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _create_whole(path: str) -> None:
+    """Make a new journal file at ``path`` with its schema, whole, or not at all.
+
+    Made under a hidden name and linked into place once its tables exist,
+    as each later segment is (journal.segments): a reader listing the
+    folder (``kvstate watch``) never meets the file between its writer
+    creating it and making its tables, which a loaded machine stretches
+    (an import lies between), and so never takes a journal being made for
+    some other database. A file another writer linked into place meanwhile
+    is theirs: this one is dropped, and the journal opened is that one.
+    """
+    folder, name = os.path.split(path)
+    hidden = os.path.join(folder, f".{name}.tmp")
+    for leftover in (hidden, hidden + "-journal"):
+        if os.path.exists(leftover):  # ours, from a creation killed half-way
+            os.unlink(leftover)
+    conn = sqlite3.connect(hidden, isolation_level=None)
+    try:
+        _schema.create(conn)
+    finally:
+        conn.close()
+    try:
+        os.link(hidden, path)  # never over a file made meanwhile
+    except FileExistsError:
+        pass
+    except OSError:  # a file system without hard links
+        if not os.path.lexists(path):
+            os.rename(hidden, path)
+    if os.path.exists(hidden):
+        os.unlink(hidden)
 
 
 #: how long :func:`_leave_wal` tries to leave WAL mode while readers have the

@@ -369,9 +369,16 @@ class Watcher:
 
     def _skip(self, name: str, why: str) -> None:
         why = why.removeprefix(f"{name}: ")  # the line names the file once
-        # One line per file and reason, said the second poll it is found so: a
-        # journal being created is empty, then without its table, for the
-        # moment between its writer's first two statements.
+        if any(os.path.exists(name + log) for log in ("-wal", "-journal")):
+            # A database a connection has open for writing (another
+            # application's: kvstate's journals appear whole, their tables
+            # made under a hidden name): judged once its writer lets go of it.
+            self._sighted.pop(name, None)
+            self.skipped.pop(name, None)
+            return
+        # One line per file and reason, said the second poll it is found so:
+        # another application may be making it, between creating the file and
+        # opening its log.
         if self._sighted.get(name) == why and self.skipped.get(name) != why:
             log.warning("%s: skipped: %s", name, why)
             self.skipped[name] = why
