@@ -213,6 +213,10 @@ class _Followed:
         Raises :class:`_Gone` once every file of the journal is gone.
         """
         f = self.figures
+        if self.ended and os.path.exists(self.segment):
+            # let go of: its files no longer change; a folder of weeks of
+            # finished runs is not listed again for each of them every poll
+            return False
         self._measure()
         if f.segments == f.segments_removed:
             raise _Gone  # no file of it left: deleted or moved away
