@@ -42,6 +42,7 @@ def snapshot(ledger: L) -> L:
     new.pinned = dict(ledger.pinned)
     new.reported_once = ledger.reported_once.copy()
     new.offload = ledger.offload.copy()
+    new.transfers = ledger.transfers.copy()
     return new
 
 

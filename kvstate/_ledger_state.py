@@ -16,6 +16,7 @@ import attrs
 from . import events as ev
 from ._layered import LayeredSet
 from ._offload import OffloadState
+from ._transfers import TransferState
 from .archive import Archive
 from .rank import RankLedger
 from .state import BlockState, RequestState, StoreJobState
@@ -74,6 +75,8 @@ class LedgerState:
     reported_once: LayeredSet = attrs.field(factory=LayeredSet, metadata={FOLDED: True})
     #: loads, flushes and the offload tier (kvstate.tier_events)
     offload: OffloadState = attrs.field(factory=OffloadState, metadata={FOLDED: True})
+    #: delayed frees, asynchronous loads and transfers (kvstate.transfer_events)
+    transfers: TransferState = attrs.field(factory=TransferState, metadata={FOLDED: True})
 
     @property
     def block_size(self) -> int:

@@ -279,8 +279,10 @@ _MODULES = frozenset(
     {
         "kvstate.state",
         "kvstate._offload",
+        "kvstate._transfers",
         "kvstate.events",
         "kvstate.tier_events",
+        "kvstate.transfer_events",
         "kvstate.violations",
     }
 )

@@ -476,3 +476,4 @@ def rank_of(event: Event) -> int | None:
 # module of their own; importing it here registers them in EVENT_TYPES before
 # any reader (codec, fold, recorder) builds its tables from it.
 from . import tier_events as tier_events  # noqa: E402
+from . import transfer_events as transfer_events  # noqa: E402

@@ -28,6 +28,7 @@ from journal import RecordError
 from . import _copies
 from . import events as ev
 from . import tier_events as tier
+from . import transfer_events as tx
 from ._blocks import assign, drop
 from ._blocks import block as block_state
 from ._ledger_state import LedgerState, folded_state
@@ -112,6 +113,11 @@ class Ledger(LedgerState):
             tier.FlushDone: self._on_flush_done,
             tier.TierStored: self._on_tier_stored,
             tier.TierEvicted: self._on_tier_evicted,
+            tx.KvMatched: self._on_kv_matched,
+            tx.RemoteLoadStarted: self._on_remote_load,
+            tx.TransferFinished: self._on_transfer_finished,
+            tx.BlocksInvalid: self._on_blocks_invalid,
+            tx.CacheReset: self._on_cache_reset,
         }
 
     # -- the transition function ---------------------------------------------------
@@ -202,11 +208,13 @@ class Ledger(LedgerState):
             out.append(finding(Code.CAUSALITY, seq, why, req=event.req, gen=event.gen))
         self._new_generation(seq, event.kind, event.req, event.gen, out)
         self.offload.resumed_at(seq, event.req, event.gen)
+        self.transfers.resumed_at(event.req, event.gen)
 
     def _on_blocks_assigned(self, seq: int, event: ev.BlocksAssigned, out: Out) -> None:
         inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
         if inc is None:
             return
+        self.transfers.assigned(seq, inc, event.blocks, event.cached, event.mode, out)
         cached = set(event.cached)
         holder = inc.name
         # Take the new refs before dropping the old table: a block that stays
@@ -237,6 +245,7 @@ class Ledger(LedgerState):
         inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
         if inc is None:
             return
+        self.transfers.dropped(seq, inc, "was preempted", out)
         self._drop_table(seq, inc, out, f"preempting {inc.name}")
         inc.state, inc.ended_seq = PREEMPTED, seq
         self.offload.preempted(event.req)
@@ -245,10 +254,18 @@ class Ledger(LedgerState):
         inc = self._incarnation(seq, event.kind, event.req, event.gen, out)
         if inc is None:
             return
+        if inc.state == FINISHED:
+            # One finish per incarnation (vLLM #50297): a second one frees,
+            # or reports, what the first already did.
+            why = f"a second request_finished for {inc.name}"
+            out.append(finding(Code.DOUBLE_FINISH, seq, why, inc.ended_seq,
+                               req=event.req, gen=event.gen))  # fmt: skip
         inc.final_table = tuple(inc.table)
         if event.hold:
             inc.held = bool(inc.table)
+            self.transfers.held_by(seq, inc)
         else:
+            self.transfers.dropped(seq, inc, "finished", out)
             self._drop_table(seq, inc, out, f"finishing {inc.name}")
             inc.held = False
         inc.state, inc.ended_seq = FINISHED, seq
@@ -264,6 +281,7 @@ class Ledger(LedgerState):
                 finding(Code.NOTHING_HELD, seq, why, inc.ended_seq, req=event.req, gen=event.gen)
             )
             return
+        self.transfers.released(inc)
         self._drop_table(seq, inc, out, f"releasing the held blocks of {inc.name}")
         inc.held = False
 
@@ -464,6 +482,25 @@ class Ledger(LedgerState):
         self.offload.tier_evicted(seq, event.keys, self.jobs, out)
 
     # -- engine and audit --------------------------------------------------------------
+
+    # -- the lifecycle at vLLM's connector boundary (kvstate._transfers) ----------------
+
+    def _on_kv_matched(self, seq: int, event: tx.KvMatched, out: Out) -> None:
+        self.transfers.matched(seq, event, out)
+
+    def _on_remote_load(self, seq: int, event: tx.RemoteLoadStarted, out: Out) -> None:
+        if self._incarnation(seq, event.kind, event.req, event.gen, out) is not None:
+            self.transfers.load_started(seq, event)
+
+    def _on_transfer_finished(self, seq: int, event: tx.TransferFinished, out: Out) -> None:
+        if self._incarnation(seq, event.kind, event.req, event.gen, out) is not None:
+            self.transfers.finished_transfer(seq, event, out)
+
+    def _on_blocks_invalid(self, seq: int, event: tx.BlocksInvalid, out: Out) -> None:
+        self.transfers.invalid(seq, event, out)
+
+    def _on_cache_reset(self, seq: int, event: tx.CacheReset, out: Out) -> None:
+        pass  # what a reset discarded ends in the records that follow it
 
     def _on_crashed(self, seq: int, event: ev.EngineCrashed, out: Out) -> None:
         self.crashes.append(seq)

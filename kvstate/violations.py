@@ -50,6 +50,14 @@ class Code(str, enum.Enum):
     UNFLUSHED_REUSE = "UNFLUSHED_REUSE"
     TIER_READ_STALE = "TIER_READ_STALE"
     STORE_CURSOR_PAST_TABLE = "STORE_CURSOR_PAST_TABLE"
+    # -- additions for the lifecycle at vLLM's connector boundary (kvstate.transfer_events) --
+    DELAYED_FREE_REUSED = "DELAYED_FREE_REUSED"
+    LOAD_TARGET_RELEASED = "LOAD_TARGET_RELEASED"
+    UNEXPECTED_TRANSFER = "UNEXPECTED_TRANSFER"
+    DOUBLE_FINISH = "DOUBLE_FINISH"
+    FAILED_LOAD_USED = "FAILED_LOAD_USED"
+    MATCH_NOT_PURE = "MATCH_NOT_PURE"
+    RESUME_APPENDED = "RESUME_APPENDED"
     # -- docs/events.md, "Violation codes": warnings (do not change the verdict) --
     RELEASE_ORDER = "RELEASE_ORDER"
     # -- additions (docs/events.md): warnings only --
@@ -368,6 +376,48 @@ class StoreCursorPastTableError(InvariantViolation):
     """A resumed request's store starts past chunks it never stored again (vLLM #52211)."""
 
     code = Code.STORE_CURSOR_PAST_TABLE
+
+
+class DelayedFreeReusedError(InvariantViolation):
+    """A block a delayed free still keeps handed to another request (vLLM #45357, #52234)."""
+
+    code = Code.DELAYED_FREE_REUSED
+
+
+class LoadTargetReleasedError(InvariantViolation):
+    """A block an asynchronous load still writes freed or handed on (vLLM #56104, #41269)."""
+
+    code = Code.LOAD_TARGET_RELEASED
+
+
+class UnexpectedTransferError(InvariantViolation):
+    """A send or receive reported for a request with none outstanding (vLLM #25067)."""
+
+    code = Code.UNEXPECTED_TRANSFER
+
+
+class DoubleFinishError(InvariantViolation):
+    """A second finish of one incarnation (vLLM #50297)."""
+
+    code = Code.DOUBLE_FINISH
+
+
+class FailedLoadUsedError(InvariantViolation):
+    """Blocks reported invalid after the request ran on their load."""
+
+    code = Code.FAILED_LOAD_USED
+
+
+class MatchNotPureError(InvariantViolation):
+    """``get_num_new_matched_tokens`` answered differently with nothing changed (LMCache #4955)."""
+
+    code = Code.MATCH_NOT_PURE
+
+
+class ResumeAppendedError(InvariantViolation):
+    """A resumed incarnation's first table appended, not replaced (vLLM #46595)."""
+
+    code = Code.RESUME_APPENDED
 
 
 EXCEPTIONS: dict[Code, type[InvariantViolation]] = {

@@ -3,9 +3,13 @@ test session on free loopback ports and stopped at the end."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 
 import pytest
+
+#: the adapters' conformance suite runs inside a vLLM venv (tests/test_vllm_adapters.py)
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["in_vllm"]
 
 
 @pytest.fixture(scope="session")

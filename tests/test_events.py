@@ -104,6 +104,14 @@ EXAMPLES["tier_evicted"] = {"keys": ["k1"]}
 #: the observer's own end of a journal it cannot go on with (kvstate.vllm)
 ADDED_KINDS |= {"observer_stood_down"}
 EXAMPLES["observer_stood_down"] = {"reason": "the scheduler output is a SimpleNamespace"}
+#: the lifecycle at vLLM's connector boundary (kvstate.transfer_events)
+ADDED_KINDS |= {"kv_matched", "remote_load_started", "transfer_finished", "blocks_invalid"}
+ADDED_KINDS |= {"cache_reset"}
+EXAMPLES["kv_matched"] = {"req": "r", "computed": 16, "matched": 32, "load_async": True}
+EXAMPLES["remote_load_started"] = {"req": "r", "gen": 0, "blocks": [5, 6], "tokens": 32}
+EXAMPLES["transfer_finished"] = {"req": "r", "gen": 0, "direction": "recv"}
+EXAMPLES["blocks_invalid"] = {"blocks": [6]}
+EXAMPLES["cache_reset"] = {"accepted": True, "jobs": [3]}
 
 
 def record(kind: str, payload: dict[str, object], *, seq: int = 7, step: int = 2) -> Record:

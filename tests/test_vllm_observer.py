@@ -18,7 +18,9 @@ import pytest
 
 from kvstate.vllm import _install, _journals
 from kvstate.vllm._compat import Connector
+from kvstate.vllm._mooncake import SchedulerHooks, WorkerHooks
 from kvstate.vllm._process import ObservedProcess
+from kvstate.vllm.adapter import Adapter
 from replay.runs import run_of
 
 
@@ -34,6 +36,20 @@ def observed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     _install.finish()
 
 
+def _scheduler_of(sched: object) -> object:
+    """The Mooncake store adapter's observer of ``sched`` (made on first use)."""
+    process = _install.process
+    assert process.connector is not None
+    return SchedulerHooks(process, process.connector).observer(sched)
+
+
+def _worker_of(thread: object) -> object:
+    """The Mooncake store adapter's observer of ``thread``'s rank."""
+    process = _install.process
+    assert process.connector is not None
+    return WorkerHooks(process, process.connector).observer(thread)
+
+
 def scheduler() -> SimpleNamespace:
     """What the observer reads of a MooncakeStoreScheduler built by object.__new__."""
     return SimpleNamespace(_block_size=16, _num_workers=1)
@@ -41,10 +57,10 @@ def scheduler() -> SimpleNamespace:
 
 def test_every_connector_of_a_process_gets_a_journal_of_its_own(observed: Path) -> None:
     first, second = scheduler(), scheduler()
-    one = _install.process.scheduler(first)
-    two = _install.process.scheduler(second)
+    one = _scheduler_of(first)
+    two = _scheduler_of(second)
     assert one is not None and two is not None and one is not two
-    assert _install.process.scheduler(first) is one  # made once per connector
+    assert _scheduler_of(first) is one  # made once per connector
     _install.finish()
     names = sorted(p.name for p in observed.glob("*.db"))
     assert len(names) == 2 and all(n.startswith("scheduler-") for n in names)
@@ -60,12 +76,12 @@ def test_a_journal_that_cannot_be_opened_never_reaches_vllm(
     observed.parent.mkdir(exist_ok=True)
     observed.write_text("a file where the journal folder should be")
     sched = scheduler()
-    assert _install.process.scheduler(sched) is None  # no exception
-    assert _install.process.scheduler(sched) is None  # and not tried on every call
+    assert _scheduler_of(sched) is None  # no exception
+    assert _scheduler_of(sched) is None  # and not tried on every call
     assert len(_install.process.failures) == 1 and "journals" in _install.process.failures[0]
     thread = SimpleNamespace(tp_rank=0, block_size=16)
-    assert _install.process.worker(thread) is None
-    assert _install.process.worker(thread) is None
+    assert _worker_of(thread) is None
+    assert _worker_of(thread) is None
     assert len(_install.process.failures) == 2
 
 
@@ -79,15 +95,15 @@ def test_after_finish_a_running_engine_is_not_observed_until_installed_again(
     finish(), and no journal starts mid-request."""
     sched = scheduler()
     thread = SimpleNamespace(tp_rank=0, block_size=16)
-    assert _install.process.scheduler(sched) is not None
-    assert _install.process.worker(thread) is not None
+    assert _scheduler_of(sched) is not None
+    assert _worker_of(thread) is not None
     _install.finish(error="watchdog: no progress")
-    assert _install.process.scheduler(sched) is None
-    assert _install.process.worker(thread) is None
-    assert _install.process.scheduler(scheduler()) is None
+    assert _scheduler_of(sched) is None
+    assert _worker_of(thread) is None
+    assert _scheduler_of(scheduler()) is None
     assert len(list(observed.glob("*.db"))) == 2 and _install.process.failures == []
     _install.process.ended = False  # what install() does
-    assert _install.process.worker(thread) is not None  # a new journal, for a new run
+    assert _worker_of(thread) is not None  # a new journal, for a new run
     assert len(list(observed.glob("worker-*.db"))) == 2
 
 
@@ -217,12 +233,12 @@ def test_engine_idle_is_claimed_only_when_every_admitted_request_finished() -> N
 def test_journals_after_finish_belong_to_a_new_run(observed: Path) -> None:
     """A journal folder per test: the first journal of each folder has the same
     file name, and must not share its run with the last folder's."""
-    assert _install.process.scheduler(scheduler()) is not None
+    assert _scheduler_of(scheduler()) is not None
     _install.finish()
     _install.process.ended = False  # install() with a new folder
     second = observed.parent / "second"
     _journals.chosen_dir = second
-    assert _install.process.scheduler(scheduler()) is not None
+    assert _scheduler_of(scheduler()) is not None
     _install.finish()
     (one,), (two,) = observed.glob("*.db"), second.glob("*.db")
     assert one.name == two.name
@@ -235,9 +251,9 @@ def test_a_mock_geometry_stands_the_observer_down_and_finish_never_raises(observ
     from unittest import mock
 
     sched = SimpleNamespace(_block_size=mock.MagicMock(), _num_workers=1)
-    assert _install.process.scheduler(sched) is None  # stood down, nothing raised
+    assert _scheduler_of(sched) is None  # stood down, nothing raised
     thread = SimpleNamespace(tp_rank=0, block_size=mock.MagicMock())
-    assert _install.process.worker(thread) is None
+    assert _worker_of(thread) is None
     # each reason kept; not a failure that would end other journals with CRASH
     assert len(_install.process.stood_down) == 2 and _install.process.failures == []
     assert all("block_size" in f for f in _install.process.stood_down)
@@ -253,13 +269,23 @@ def test_a_value_vllm_hands_over_that_the_contract_refuses_keeps_the_journal_rea
     from kvstate import events as ev
     from replay import replay
 
-    observer = _install.process.scheduler(scheduler())
+    observer = _scheduler_of(scheduler())
     assert observer is not None
     observer._record(ev.RequestAdmitted(req="r", gen=0, prompt_tokens=mock.MagicMock()))
     _install.finish()
     (path,) = observed.glob("scheduler-*.db")
     result = replay([str(path)])
     assert [v.code.value for v in result.violations] == ["RECORD_REFUSED"]
+
+
+class _Stub(Adapter):
+    name = "stub"
+
+    def recognise(self) -> object:
+        return None
+
+    def patch(self, found: object) -> None:
+        pass
 
 
 def test_a_release_kvstate_was_not_tested_with_is_named_once(
@@ -273,11 +299,10 @@ def test_a_release_kvstate_was_not_tested_with_is_named_once(
     monkeypatch.setattr(_install, "_untested", set())
     for version, said in (("0.33.0", 1), ("0.33.0", 0), (TESTED[-1], 0), (f"{TESTED[-1]}+cpu", 0)):
         monkeypatch.setattr(_install, "process", _install.ObservedProcess())
-        monkeypatch.setattr(_install, "detect", lambda v=version: Connector(v, "job-ids", {}))
-        monkeypatch.setattr(_install.SchedulerHooks, "patch", lambda self: None)
-        monkeypatch.setattr(_install.WorkerHooks, "patch", lambda self: None)
-        monkeypatch.setattr(_install._offloading, "classes", lambda: None)
-        monkeypatch.setattr(_install._per_request, "classes", lambda: None)
+        monkeypatch.setattr(_install, "vllm_version", lambda v=version: v)
+        # one family recognised, its hooks not needed: install() names the release
+        found = [(_Stub(_install.process), Connector(version, "job-ids", {}))]
+        monkeypatch.setattr(_install, "_recognised", lambda f=found: (f, []))
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="kvstate.vllm"):
             assert _install.install().version == version

@@ -1,11 +1,15 @@
-"""kvstate inside a real vLLM engine: the MooncakeStoreConnector and the
-OffloadingConnector, journaled.
+"""kvstate inside a real vLLM engine: every connector, journaled.
 
-Two ways in, the same observer behind both (see docs/vllm.md):
+Each connector family is observed by an adapter (:mod:`kvstate.vllm.registry`):
+the MooncakeStoreConnector and the OffloadingConnector in depth, every other
+connector at vLLM's connector boundary (:mod:`kvstate.vllm.generic`). Two
+ways in, the same observer behind both (see docs/vllm.md):
 
-- ``KVTransferConfig(kv_connector="JournaledMooncakeStoreConnector",
+- ``KVTransferConfig(kv_connector="JournaledConnector",
   kv_connector_module_path="kvstate.vllm", kv_role="kv_both",
-  kv_connector_extra_config={"kvstate_journal_dir": "journals"})``;
+  kv_connector_extra_config={"kvstate_connector": "NixlConnector",
+  "kvstate_journal_dir": "journals"})`` (or ``JournaledMooncakeStoreConnector``,
+  ``JournaledOffloadingConnector``, which subclass those two);
 - :func:`install` in any process (a test suite, a ``sitecustomize``), which
   patches vLLM's connector classes in place.
 
@@ -24,6 +28,8 @@ from kvstate.vllm._install import finish, install, installed, outstanding, patch
 __all__ = [
     "TESTED",
     "Connector",
+    "JournaledConnector",
+    "JournaledHMAConnector",
     "JournaledMooncakeStoreConnector",
     "JournaledOffloadingConnector",
     "UnsupportedVLLMError",
@@ -44,4 +50,8 @@ def __getattr__(name: str) -> Any:
         from kvstate.vllm import _connector
 
         return getattr(_connector, name)
+    if name in ("JournaledConnector", "JournaledHMAConnector"):
+        from kvstate.vllm.generic import _wrapper
+
+        return getattr(_wrapper, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

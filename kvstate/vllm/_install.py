@@ -1,7 +1,7 @@
 """install(), uninstall() and finish(): this process's observation, begun and ended.
 
-:func:`install` detects the connector and patches its classes in place
-(:mod:`kvstate.vllm._mooncake`, one hook class per half of the connector);
+:func:`install` asks each adapter of :mod:`kvstate.vllm.registry` to
+recognise its connector family and patch its classes in place;
 the observers, made on first use, and the errors they meet belong to the
 one :class:`~kvstate.vllm._process.ObservedProcess` of this process.
 """
@@ -15,17 +15,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvstate.vllm import _journals, _offloading, _per_request
+from kvstate.vllm import _journals, registry
 from kvstate.vllm._compat import (
     OFFLOADING_ONLY,
     TESTED,
     Connector,
     UnsupportedVLLMError,
-    detect,
     vllm_version,
 )
-from kvstate.vllm._mooncake import SchedulerHooks, WorkerHooks
 from kvstate.vllm._process import ObservedProcess
+from kvstate.vllm.adapter import Adapter, Unrecognised
 
 #: this process's observation (a test replaces it with a fresh one)
 process = ObservedProcess()
@@ -40,15 +39,18 @@ def installed() -> Connector | None:
 def install(
     journal_dir: str | os.PathLike[str] | None = None, *, fingerprint: bool | None = None
 ) -> Connector:
-    """Journal every MooncakeStoreConnector and OffloadingConnector of this process from now on.
+    """Journal every vLLM connector of this process from now on.
 
+    Each adapter of :mod:`kvstate.vllm.registry` in turn: the Mooncake store
+    and the OffloadingConnector in depth, and every other connector object
+    at vLLM's connector boundary (:mod:`kvstate.vllm.generic`).
     ``fingerprint`` (default on) hashes each saved block when the save is
     requested and again when the put reads it. Idempotent: a later call
-    changes only what it names. Each connector is patched where the
-    installed vLLM has the shape observed here; one that has not is left
-    alone, with a warning naming what it lacks (it writes no journal, never
-    an incomplete one). Raises :class:`UnsupportedVLLMError` (and patches
-    nothing) when neither has.
+    changes only what it names. A family whose classes have a shape its
+    adapter does not know is left alone, with a warning naming what it lacks
+    (it writes no journal, never an incomplete one). Raises
+    :class:`UnsupportedVLLMError` (and patches nothing) when no adapter
+    recognises anything in this vLLM.
     """
     with process.lock:
         if journal_dir is not None:
@@ -56,33 +58,46 @@ def install(
         if fingerprint is not None:  # a later bare install() keeps the choice
             process.fingerprint = fingerprint
         process.ended = False  # observe again (after a finish(), new journals)
-        process.unobservable.clear()
+        process.by_key.clear()  # what could not be made is tried again
         if process.connector is not None:
             return process.connector
-        offloading = _offloading.classes()
-        # Before per-job completion (vLLM #39186, 0.21.0) the connector names
-        # its transfers by request: observed through a per-job view.
-        per_request = None if offloading else _per_request.classes()
-        try:
-            connector = detect()
-        except UnsupportedVLLMError as exc:
-            if offloading is None and per_request is None:
-                raise
-            # An older vLLM whose MooncakeStoreConnector has another shape:
-            # its OffloadingConnector is observed alone.
-            _log.warning("the MooncakeStoreConnector is not observed: %s", exc)
-            connector = Connector(vllm_version(), OFFLOADING_ONLY, {})
-        else:
-            SchedulerHooks(process, connector).patch()
-            WorkerHooks(process, connector).patch()
-        if offloading is not None:  # vLLM's OffloadingConnector, where this vLLM has it
-            _offloading.OffloadingHooks(process, *offloading).patch()
-        elif per_request is not None:
-            _per_request.PerRequestHooks(process, *per_request).patch()
-        process.connector = connector
-        _say_untested(connector.version)
+        version = vllm_version()
+        found, refused = _recognised()
+        if not found:
+            raise UnsupportedVLLMError("; ".join(refused) or f"vLLM {version}: no connector known")
+        for reason in refused:
+            _log.warning("a connector is not observed: %s", reason)
+        flavor, modules = OFFLOADING_ONLY, {}
+        claimed: list[type] = []
+        for adapter, shape in found:
+            claimed.extend(adapter.claims(shape))
+            if isinstance(shape, Connector):  # the Mooncake store's shape names the run
+                flavor, modules = shape.flavor, shape.modules
+        process.claimed = tuple(claimed)
+        for adapter, shape in found:
+            adapter.patch(shape)
+            process.adapters.append(adapter)
+        connector = process.connector = Connector(version, flavor, modules)
+        _say_untested(version)
         atexit.register(_close_at_exit)
         return connector
+
+
+def _recognised() -> tuple[list[tuple[Adapter, Any]], list[str]]:
+    """The registry's adapters that recognise their family here, with what they
+    found, and why each of the others that found its family refused it."""
+    found: list[tuple[Adapter, Any]] = []
+    refused: list[str] = []
+    for name in registry.ADAPTERS:
+        adapter = registry.adapter_class(name)(process)
+        try:
+            shape = adapter.recognise()
+        except Unrecognised as exc:
+            refused.append(str(exc))
+            continue
+        if shape is not None:
+            found.append((adapter, shape))
+    return found, refused
 
 
 #: the untested releases already named in this process's log
@@ -115,6 +130,8 @@ def uninstall() -> None:
     """Restore vLLM's methods (journals already open stay open until :func:`finish`)."""
     with process.lock:
         process.patches.restore()
+        process.adapters.clear()
+        process.claimed = ()
         process.connector = None
 
 
@@ -144,3 +161,10 @@ def finish(*, audit: bool | None = None, error: str | None = None) -> dict[str, 
 
 def _close_at_exit() -> None:
     process.close_at_exit()
+
+
+def _forked() -> None:
+    process.forked()
+
+
+os.register_at_fork(after_in_child=_forked)

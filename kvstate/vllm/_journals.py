@@ -170,6 +170,7 @@ def open_journal(
     protocol: str | None = None,
     rotation: Rotation = NO_ROTATION,
     metrics: str | None = None,
+    family: str | None = None,
 ) -> Recorder:
     """A new journal ``folder/{role}-{pid}.db`` (``-2``, ``-3``, ... when a
     connector of this process already wrote one); an existing file is never reused.
@@ -200,9 +201,13 @@ def open_journal(
     folder.mkdir(parents=True, exist_ok=True)
     # A process may build several connectors (vLLM's tests do; so does an
     # engine restarted in-process): each gets a journal of its own.
-    name = role if protocol is None else f"{protocol}-{role}"
-    if protocol is not None:
-        run = f"{run}-{protocol}"
+    # A connector observed by the generic adapter (``family``: its class)
+    # writes ``{family}-{role}-{pid}.db`` under a run of its own, as does one
+    # of another protocol: each of a MultiConnector's children is judged apart.
+    prefix = family or protocol
+    name = role if prefix is None else f"{prefix}-{role}"
+    if prefix is not None:
+        run = f"{run}-{prefix}"
     # The n-th connector of one run in this process (an engine restarted
     # in-process, a test that builds two schedulers from one config) is a
     # run of its own: its scheduler and its ranks all get the n-th journal

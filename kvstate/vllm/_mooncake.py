@@ -15,7 +15,8 @@ from typing import Any
 from kvstate.events import SkipReason
 from kvstate.vllm._compat import Connector
 from kvstate.vllm._memory import KvMemory
-from kvstate.vllm._process import ObservedProcess
+from kvstate.vllm._process import ObservedProcess, _world_size
+from kvstate.vllm._scheduler import SchedulerObserver
 from kvstate.vllm._worker import WorkerObserver
 
 
@@ -27,6 +28,18 @@ class SchedulerHooks:
         #: before vLLM #52372: the connector reports finished requests, not jobs
         self.legacy = connector.flavor == "req-counters"
         self.connector = connector
+
+    def observer(self, sched: Any) -> SchedulerObserver | None:
+        """The observer of one MooncakeStoreScheduler (made on first use)."""
+        return self.process.of(sched, self._new)
+
+    def _new(self, sched: Any) -> SchedulerObserver:
+        config = sched.__dict__.get("_kvstate_config")
+        world = getattr(sched, "_num_workers", None) or _world_size(config)
+        recorder = self.process.open(config, "scheduler", sched._block_size, world)
+        return SchedulerObserver(
+            recorder, block_size=sched._block_size, world_size=world, numbering=self.legacy
+        )
 
     def patch(self) -> None:
         sched = self.connector.cls("scheduler", "MooncakeStoreScheduler")
@@ -44,7 +57,7 @@ class SchedulerHooks:
         original(sched, vllm_config, *args, **kw)
 
     def build_connector_meta(self, original: Any, sched: Any, scheduler_output: Any) -> Any:
-        observer = self.process.scheduler(sched)
+        observer = self.observer(sched)
         if observer is None:
             return original(sched, scheduler_output)
         before = self.process.observe(observer.before_build, sched)
@@ -70,7 +83,7 @@ class SchedulerHooks:
         return result
 
     def scheduler_output(self, original: Any, sched: Any, connector_output: Any) -> Any:
-        observer = self.process.scheduler(sched)
+        observer = self.observer(sched)
         meta = connector_output.kv_connector_worker_meta
         completed = dict(getattr(meta, "completed_saves", None) or {})
         if observer is None or not completed:
@@ -84,7 +97,7 @@ class SchedulerHooks:
 
     def _of(self, conn: Any) -> Any:
         inner = getattr(conn, "connector_scheduler", None)
-        return self.process.scheduler(inner) if inner is not None else None
+        return self.observer(inner) if inner is not None else None
 
 
 class WorkerHooks:
@@ -96,6 +109,25 @@ class WorkerHooks:
         self.connector = connector
         #: the KV cache tensors of the register_kv_caches call under way (per thread)
         self._registering = threading.local()
+        #: the worker's vLLM config, seen by ``MooncakeStoreWorker.__init__``
+        #: before its threads exist (they open the rank's journal and need
+        #: its world size)
+        self.worker_config: Any = None
+
+    def observer(self, thread: Any) -> WorkerObserver | None:
+        """The observer of one rank of this process (its sending and receiving
+        threads share it), made on first use."""
+        rank = int(getattr(thread, "tp_rank", 0))
+        return self.process.keyed(("mooncake", rank), self._new, thread, rank)
+
+    def _new(self, thread: Any, rank: int) -> WorkerObserver:
+        config = self.worker_config
+        recorder = self.process.open(
+            config, f"worker-{rank}", thread.block_size, _world_size(config)
+        )
+        memory = thread.__dict__.get("_kvstate_memory")  # its KV tensors (register_kv_caches)
+        fingerprint = self.process.fingerprint
+        return WorkerObserver(recorder, rank=rank, fingerprint=fingerprint, memory=memory)
 
     def patch(self) -> None:
         worker = self.connector.cls("worker", "MooncakeStoreWorker")
@@ -118,7 +150,7 @@ class WorkerHooks:
         around(recv, "_handle_request", self.load)
 
     def worker_init(self, original: Any, worker: Any, vllm_config: Any, *a: Any, **kw: Any) -> None:
-        self.process.worker_config = vllm_config
+        self.worker_config = vllm_config
         original(worker, vllm_config, *a, **kw)
 
     def register_kv_caches(self, original: Any, worker: Any, kv_caches: Any, *a: Any) -> Any:
@@ -143,7 +175,7 @@ class WorkerHooks:
 
     def get_finished(self, original: Any, worker: Any, finished_req_ids: Any, meta: Any) -> Any:
         thread = getattr(worker, "kv_send_thread", None)
-        observer = self.process.worker(thread) if thread is not None else None
+        observer = self.observer(thread) if thread is not None else None
         if observer is None:
             return original(worker, finished_req_ids, meta)
         self.process.observe(observer.before_step, meta)
@@ -155,7 +187,7 @@ class WorkerHooks:
     def sending_init(self, original: Any, thread: Any, *args: Any, **kwargs: Any) -> None:
         original(thread, *args, **kwargs)
         self._memory_to(thread)
-        observer = self.process.worker(thread)
+        observer = self.observer(thread)
         if observer is not None:
             observer.store = thread.store  # unobserved, for finish()'s read-back
             thread.store = _ObservedStore(thread.store, observer, self.process)
@@ -163,18 +195,18 @@ class WorkerHooks:
     def receiving_init(self, original: Any, thread: Any, *args: Any, **kwargs: Any) -> None:
         original(thread, *args, **kwargs)
         self._memory_to(thread)
-        observer = self.process.worker(thread)
+        observer = self.observer(thread)
         if observer is not None:
             thread.store = _ObservedStore(thread.store, observer, self.process)
 
     def add_request(self, original: Any, thread: Any, request: Any) -> None:
-        observer = self.process.worker(thread)
+        observer = self.observer(thread)
         if observer is not None:
             self.process.observe(observer.received, thread, request)
         original(thread, request)
 
     def store(self, original: Any, thread: Any, req_meta: Any) -> Any:
-        observer = self.process.worker(thread)
+        observer = self.observer(thread)
         if observer is None:
             return original(thread, req_meta)
         if self.legacy:
@@ -193,14 +225,14 @@ class WorkerHooks:
     def record_saved(self, original: Any, thread: Any, first: Any, token_len: int) -> None:
         req = first if isinstance(first, str) else first.req_id
         original(thread, first, token_len)
-        observer = self.process.worker(thread)
+        observer = self.observer(thread)
         if observer is not None and thread._saved_offset.get(req) == token_len:
             self.process.observe(observer.offset_saved, req, token_len)
 
     def mark_skipped(self, original: Any, thread: Any, first: Any) -> Any:
         req = first if isinstance(first, str) else first.req_id
         result = original(thread, first)
-        observer = self.process.worker(thread)
+        observer = self.observer(thread)
         if observer is not None and req in thread._skip_store_requests:
             self.process.observe(observer.marked_skipped, req)
         return result
@@ -208,12 +240,12 @@ class WorkerHooks:
     def dropped(self, original: Any, thread: Any, req_id: str) -> None:
         had = req_id in thread.stored_requests
         original(thread, req_id)
-        observer = self.process.worker(thread)
+        observer = self.observer(thread)
         if observer is not None and had:
             self.process.observe(observer.ledger_entry_dropped, req_id)
 
     def kv_events(self, original: Any, thread: Any, events: Any) -> Any:
-        observer = self.process.worker(thread)
+        observer = self.observer(thread)
         if observer is not None:
             self.process.observe(observer.kv_events, events)
         return original(thread, events)
@@ -223,13 +255,13 @@ class WorkerHooks:
         before = thread._retry_token_ids.get(req)
         result = original(thread, req_meta, *a, **kw)
         after = thread._retry_token_ids.get(req)
-        observer = self.process.worker(thread)
+        observer = self.observer(thread)
         if observer is not None and after is not before:
             self.process.observe(observer.retry_tokens, req, after)
         return result
 
     def load(self, original: Any, thread: Any, req_meta: Any) -> Any:
-        observer = self.process.worker(thread)
+        observer = self.observer(thread)
         if observer is not None:
             observer.current.load = req_meta
         try:

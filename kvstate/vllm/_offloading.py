@@ -63,6 +63,19 @@ NEEDS = (
 )
 
 
+def missing() -> list[str]:
+    """What :func:`classes` looks for and this vLLM has not, as ``Class.method``."""
+    lost = []
+    for module, name, methods in NEEDS:
+        try:
+            cls = getattr(importlib.import_module(f"{PACKAGE}.{module}"), name)
+        except (ImportError, AttributeError):
+            lost.append(name)
+            continue
+        lost.extend(f"{name}.{m}" for m in methods if not hasattr(cls, m))
+    return lost
+
+
 def classes() -> tuple[Any, Any] | None:
     """vLLM's two halves of the connector, or None where this vLLM has not
     the shape observed here (then it is not patched, and writes no journal)."""
@@ -136,7 +149,7 @@ class OffloadingHooks:
         observer = sched.__dict__.get("_kvstate_observer")
         if observer and not observer.closed:  # every step after the first: no lock, no maker
             return observer
-        return self.process.scheduler(sched, self._new_scheduler)  # type: ignore[return-value]
+        return self.process.of(sched, self._new_scheduler)
 
     def _new_scheduler(self, sched: Any) -> OffloadingSchedulerObserver:
         config = sched.__dict__.get("_kvstate_config")
@@ -223,7 +236,8 @@ class OffloadingHooks:
         """
         run = _run_of(observer)
         with self.process.lock:
-            here = sum(1 for rank in self.process.ranks if _run_of(rank) == run)
+            ranks = [o for o in self.process.observers if isinstance(o, OffloadingWorkerObserver)]
+            here = sum(1 for rank in ranks if _run_of(rank) == run)
         if 0 < here < observer.world_size:
             return (
                 f"the connector has {observer.world_size} workers, and this process runs "
@@ -263,7 +277,7 @@ class OffloadingHooks:
         observer = worker.__dict__.get("_kvstate_observer")
         if observer and not observer.closed:  # every step after the first: no lock, no maker
             return observer
-        return self.process.rank(worker, self._new_worker)
+        return self.process.of(worker, self._new_worker)
 
     def _new_worker(self, worker: Any) -> OffloadingWorkerObserver:
         config = worker.__dict__.get("_kvstate_config")

@@ -11,11 +11,12 @@ from unittest.mock import NonCallableMock
 from kvstate import events as ev
 from kvstate import tier_events as tier
 from kvstate.recorder import Recorder
-from kvstate.vllm._scheduler import SchedulerObserver, _table
+from kvstate.vllm._lifecycle import group0
+from kvstate.vllm._scheduler import SchedulerObserver
 from kvstate.vllm._shapes import Shapes
 
 
-def _hex(key: Any) -> str:
+def hex_of(key: Any) -> str:
     return key.hex() if hasattr(key, "hex") else str(key)
 
 
@@ -73,15 +74,15 @@ class ManagerTap:
             self.stores.append(
                 (
                     self._sched._job_counter,
-                    [_hex(k) for k in result.keys_to_store],
-                    [_hex(k) for k in result.evicted_keys],
+                    [hex_of(k) for k in result.keys_to_store],
+                    [hex_of(k) for k in result.evicted_keys],
                     next(iter(result.keys_to_store), None),
                 )
             )
         return result
 
     def prepare_load(self, keys: Any, *args: Any, **kwargs: Any) -> Any:
-        self.last_load = [_hex(k) for k in keys]
+        self.last_load = [hex_of(k) for k in keys]
         return self._prepare_load(keys, *args, **kwargs)
 
 
@@ -97,7 +98,7 @@ def _parent(status: Any, first: Any) -> str | None:
         at = chain.index(first)
     except ValueError:
         return None
-    return _hex(chain[at - 1]) if at else None
+    return hex_of(chain[at - 1]) if at else None
 
 
 def tap_of(sched: Any) -> ManagerTap | None:
@@ -141,7 +142,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         keys = list(tap.last_load) if tap is not None else []
         status = sched._req_status.get(request.request_id)
         local = getattr(status, "num_locally_computed_tokens", 0) if status else 0
-        self.issued(job, request, _table(blocks.get_block_ids()), local, keys)
+        self.issued(job, request, group0(blocks.get_block_ids()), local, keys)
 
     def issued(self, job: int, request: Any, table: list[int], local: int, keys: list[str]) -> None:
         """Load ``job`` of ``request`` into ``table``, after ``local`` tokens the

@@ -21,8 +21,9 @@ class Patches:
     def __init__(self) -> None:
         self._done: list[tuple[Any, str, Any]] = []
 
-    def replace(self, owner: Any, name: str, new: Callable[..., Any]) -> None:
-        """``owner.name`` becomes ``new`` (the class's own attribute is kept for restore)."""
+    def replace(self, owner: Any, name: str, new: Any) -> None:
+        """``owner.name`` becomes ``new`` (a function, or a classmethod object; the
+        class's own attribute is kept for restore)."""
         self._done.append((owner, name, owner.__dict__.get(name)))
         setattr(owner, name, new)
 

@@ -17,32 +17,34 @@ from kvstate import events as ev
 from kvstate.errors import RefusedValueError
 from kvstate.vllm import _journals
 from kvstate.vllm._compat import Connector
+from kvstate.vllm._lifecycle import LifecycleObserver
 from kvstate.vllm._patches import Patches
-from kvstate.vllm._scheduler import SchedulerObserver
 from kvstate.vllm._stand_down import StandDown, stand_down
-from kvstate.vllm._worker import WorkerObserver
 
 _log = logging.getLogger("kvstate.vllm")
 
 
 class ObservedProcess:
-    """The observation state of one process (see :mod:`kvstate.vllm._install`)."""
+    """The observation state of one process (see :mod:`kvstate.vllm._install`).
+
+    It knows no connector: each adapter (:mod:`kvstate.vllm.registry`) makes
+    its observers through :meth:`of` (one per vLLM object) or :meth:`keyed`
+    (one per key of its own, a rank), and :meth:`finish` ends them all.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        #: the observed connector, set by install()
+        #: the installed vLLM and the observed store connector's shape, set by install()
         self.connector: Connector | None = None
         self.patches = Patches()
         self.fingerprint = True
-        #: every observer of this process, closed by :meth:`finish`
-        self.schedulers: list[SchedulerObserver] = []
-        self.workers: dict[int, WorkerObserver] = {}
-        #: the ranks of other connectors (vLLM's OffloadingConnector), per worker object
-        self.ranks: list[Any] = []
-        #: the worker's vLLM config, seen by ``MooncakeStoreWorker.__init__``
-        #: before its threads exist (they open the rank's journal and need
-        #: its world size)
-        self.worker_config: Any = None
+        #: the adapters install() patched, and the connector classes they claim
+        self.adapters: list[Any] = []
+        self.claimed: tuple[type, ...] = ()
+        #: every observer of this process, in the order made; closed by :meth:`finish`
+        self.observers: list[Any] = []
+        #: observers an adapter keeps by a key of its own (False: could not be made)
+        self.by_key: dict[Any, Any] = {}
         #: errors inside the observer; a journal they touched is never reported clean
         self.failures: list[str] = []
         #: why an observer stood down before its journal opened (nothing of it
@@ -50,8 +52,6 @@ class ObservedProcess:
         self.stood_down: list[str] = []
         #: finish() ended this process's journals; install() starts anew
         self.ended = False
-        #: ranks whose journal could not be opened: not tried again on every call
-        self.unobservable: set[int] = set()
 
     def observe(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``call(*args, **kwargs)``, one observation; an observer error never reaches vLLM.
@@ -118,83 +118,52 @@ class ObservedProcess:
 
     # -- where observers come from -----------------------------------------------------
 
-    def scheduler(
-        self, sched: Any, make: Callable[[Any], SchedulerObserver] | None = None
-    ) -> SchedulerObserver | None:
-        """The observer of one connector's scheduler, made on first use
-        (by ``make``; the MooncakeStoreScheduler's by default).
+    def of(self, obj: Any, make: Callable[[Any], Any]) -> Any:
+        """The observer of one vLLM object (a connector's scheduler, a worker),
+        made on first use by ``make(obj)`` and kept on the object.
 
-        None while not observing, and None for good if its journal could not
-        be opened: an error of ours never reaches vLLM.
+        None while not observing, and None for good if it could not be made
+        (its journal could not be opened): an error of ours never reaches vLLM.
         """
-        observer = sched.__dict__.get("_kvstate_observer")
+        state = obj.__dict__
+
+        def put(observer: Any) -> None:
+            state["_kvstate_observer"] = observer
+
+        return self._made(lambda: state.get("_kvstate_observer"), put, make, obj)
+
+    def keyed(self, key: Any, make: Callable[..., Any], *args: Any) -> Any:
+        """The observer an adapter keeps under ``key`` (a rank), made on first
+        use by ``make(*args)``; None as for :meth:`of`."""
+        by_key = self.by_key
+
+        def put(observer: Any) -> None:
+            by_key[key] = observer
+
+        return self._made(lambda: by_key.get(key), put, make, *args)
+
+    def _made(
+        self,
+        get: Callable[[], Any],
+        put: Callable[[Any], None],
+        make: Callable[..., Any],
+        *args: Any,
+    ) -> Any:
+        """The one lock-guarded factory behind :meth:`of` and :meth:`keyed`."""
+        observer = get()
         if observer is None and self._observing():
-            with self.lock:
-                observer = sched.__dict__.get("_kvstate_observer")
+            with self.lock:  # two threads of one object: one observer, one journal
+                observer = get()
                 if observer is None and self._observing():
-                    made: SchedulerObserver | None = self.observe(
-                        make or self._new_scheduler, sched
-                    )
+                    made = self.observe(make, *args)
                     # False: tried and failed, not tried again on every call
                     observer = made if made is not None else False
-                    sched.__dict__["_kvstate_observer"] = observer
+                    put(observer)
                     if made is not None:
-                        self.schedulers.append(made)
-        if not observer or observer.closed:
-            return None  # never made, or its journal was ended by finish()
-        return observer
-
-    def worker(self, thread: Any) -> WorkerObserver | None:
-        """The observer of one rank of this process, made on first use (None as
-        for :meth:`scheduler`)."""
-        rank = int(getattr(thread, "tp_rank", 0))
-        observer = self.workers.get(rank)
-        if observer is None and self._observing():
-            with self.lock:
-                observer = self.workers.get(rank)
-                if observer is None and self._observing() and rank not in self.unobservable:
-                    observer = self.observe(self._new_worker, thread, rank)
-                    if observer is None:
-                        self.unobservable.add(rank)
-                    else:
-                        self.workers[rank] = observer
-        if observer is None or observer.closed:
-            return None  # never made, or stood down
-        return observer
-
-    def rank(self, worker: Any, make: Callable[[Any], Any]) -> Any:
-        """The observer of one worker object of another connector (one per rank),
-        made on first use by ``make``; None as for :meth:`scheduler`."""
-        observer = worker.__dict__.get("_kvstate_observer")
-        if observer is None and self._observing():
-            with self.lock:
-                observer = worker.__dict__.get("_kvstate_observer")
-                if observer is None and self._observing():
-                    made = self.observe(make, worker)
-                    observer = made if made is not None else False
-                    worker.__dict__["_kvstate_observer"] = observer
-                    if made is not None:
-                        self.ranks.append(made)
-        if not observer or observer.closed or observer not in self.ranks:
+                        self.observers.append(made)
+        if not observer or observer.closed or observer not in self.observers:
             return None  # never made, stood down, or ended by finish()
         return observer
-
-    def _new_scheduler(self, sched: Any) -> SchedulerObserver:
-        config = sched.__dict__.get("_kvstate_config")
-        world = getattr(sched, "_num_workers", None) or _world_size(config)
-        recorder = self.open(config, "scheduler", sched._block_size, world)
-        return SchedulerObserver(
-            recorder,
-            block_size=sched._block_size,
-            world_size=world,
-            numbering=self._connector().flavor == "req-counters",
-        )
-
-    def _new_worker(self, thread: Any, rank: int) -> WorkerObserver:
-        config = self.worker_config
-        recorder = self.open(config, f"worker-{rank}", thread.block_size, _world_size(config))
-        memory = thread.__dict__.get("_kvstate_memory")  # its KV tensors (WorkerHooks)
-        return WorkerObserver(recorder, rank=rank, fingerprint=self.fingerprint, memory=memory)
 
     def open(
         self,
@@ -203,17 +172,21 @@ class ObservedProcess:
         block_size: int,
         world_size: int,
         protocol: str | None = None,
+        *,
+        family: str | None = None,
     ) -> Any:
-        """A new journal for ``role`` of this process (see :func:`_journals.open_journal`)."""
+        """A new journal for ``role`` of this process (see :func:`_journals.open_journal`);
+        ``family`` names a connector class observed by the generic adapter."""
         connector = self._connector()
         return _journals.open_journal(
             _journals.journal_dir(config),
             role,
             block_size=block_size,
             world_size=world_size,
-            engine=f"vllm {connector.version} ({connector.flavor})",
+            engine=f"vllm {connector.version} ({family or connector.flavor})",
             run=_journals.run_name(config),
             protocol=protocol,
+            family=family,
             rotation=_journals.rotation_of(config),
             metrics=_journals.metrics_of(config),
         )
@@ -228,9 +201,18 @@ class ObservedProcess:
     def outstanding(self) -> int:
         """Jobs this process's ranks received and have not reported yet."""
         with self.lock:
-            workers = list(self.workers.values())
-            ranks = list(self.ranks)
-        return sum(len(w.unreported) for w in [*workers, *ranks])
+            observers = list(self.observers)
+        return sum(len(getattr(o, "unreported", ())) for o in observers)
+
+    def _ending(self) -> tuple[list[Any], list[Any]]:
+        """The observers to end: workers (by rank) first, then schedulers,
+        so the merged journal ends with a scheduler's ``engine_idle``."""
+        workers = [o for o in self.observers if not isinstance(o, LifecycleObserver)]
+        schedulers = [o for o in self.observers if isinstance(o, LifecycleObserver)]
+        workers.sort(key=lambda o: getattr(o, "rank", 0))
+        self.observers = []
+        self.by_key.clear()
+        return workers, schedulers
 
     def finish(self, *, audit: bool | None, error: str | None) -> dict[str, int]:
         """See :func:`kvstate.vllm.finish`."""
@@ -240,20 +222,34 @@ class ObservedProcess:
             # An engine that goes on (a watchdog called this) is no longer
             # observed: a journal opened now would start mid-request.
             self.ended = True
-            for rank in sorted(self.workers):
-                observer = self.workers.pop(rank)
-                if read_back and not self.failures and not observer.closed:
-                    for name, value in (self.observe(observer.audit) or {}).items():
+            workers, schedulers = self._ending()
+            for observer in workers:
+                # a store's observer reads back what its rank wrote
+                reads = getattr(observer, "read_back", None)
+                if reads is not None and read_back and not self.failures and not observer.closed:
+                    for name, value in (self.observe(reads) or {}).items():
                         counts[name] += value
                 self.observe(observer.close)  # finish() never raises into its caller
-            while self.ranks:
-                self.observe(self.ranks.pop().close)
             if error is None and self.failures:
                 error = f"kvstate observer failed: {self.failures[0]}"
-            while self.schedulers:
-                self.observe(self.schedulers.pop().close, error=error)
+            for observer in schedulers:
+                self.observe(observer.close, error=error)
             _journals.new_fallback_run()
         return counts
+
+    def forked(self) -> None:
+        """In a child forked from this process: none of the parent's journals.
+
+        The child's copies of the parent's observers would write into the
+        parent's journals through the parent's writer processes (two
+        processes appending to one journal). They are dropped unclosed (the
+        parent still owns and ends them), and vLLM objects that carry one
+        are not observed in the child; objects the child makes get journals
+        of its own, named by its pid.
+        """
+        self.lock = threading.RLock()  # another thread may have held it at the fork
+        self.observers = []
+        self.by_key = {}
 
     def close_at_exit(self) -> None:
         """A process that exits without finish() ends its journals where they are.
@@ -262,12 +258,10 @@ class ObservedProcess:
         replay reports the journals ``UNFINISHED`` rather than clean.
         """
         with self.lock:
-            for rank in sorted(self.workers):
-                self.workers.pop(rank).close()
-            while self.ranks:
-                self.ranks.pop().close()
-            while self.schedulers:
-                observer = self.schedulers.pop()
+            workers, schedulers = self._ending()
+            for observer in workers:
+                observer.close()
+            for observer in schedulers:
                 if not observer.closed:
                     observer.recorder.close()
 

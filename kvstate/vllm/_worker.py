@@ -326,7 +326,7 @@ class WorkerObserver:
             ok = digest == wrote[2]
             self._record(ev.LoadVerified(req=meta.req_id, gen=gen, key=name, ok=ok, job=wrote[0]))
 
-    def audit(self) -> dict[str, int]:
+    def read_back(self) -> dict[str, int]:
         """Read every key this rank wrote back from the store; returns counts."""
         counts = {"verified": 0, "poisoned": 0, "missing": 0}
         if self.store is None:

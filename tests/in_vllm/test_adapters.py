@@ -1,0 +1,138 @@
+"""Every adapter of kvstate.vllm.registry against :class:`AdapterContract`, in vLLM's venv."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import pytest
+
+from kvstate.vllm import _install, registry
+from kvstate.vllm.adapter import Adapter
+from kvstate.vllm.generic import GenericAdapter
+from tests.in_vllm.conformance import AdapterContract, lifecycle, vllm_test_utils
+
+BASE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
+
+
+def scheduler_with(
+    connector: str, extra: dict[str, Any] | None = None, role: str = "kv_both"
+) -> Any:
+    """A real V1 Scheduler whose connector is ``connector``, built by vLLM's test helpers."""
+    utils = vllm_test_utils()
+    vllm_config = utils.create_vllm_config(
+        kv_connector=connector, kv_role=role, kv_connector_extra_config=extra or {}
+    )
+    return utils.create_scheduler(vllm_config, num_blocks=64)
+
+
+class TestGenericAdapter(AdapterContract):
+    adapter = "generic"
+
+    def drive(self) -> Any:
+        with tempfile.TemporaryDirectory() as shared:
+            return lifecycle(scheduler_with("ExampleConnector", {"shared_storage_path": shared}))
+
+    def break_shape(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+        monkeypatch.delattr(KVConnectorBase_V1, "update_connector_output")
+
+
+class TestOffloadingAdapter(AdapterContract):
+    adapter = "offloading"
+
+    def drive(self) -> Any:
+        # No block fills, so no store: a scheduler without workers leaves no job unreported.
+        extra = {"cpu_bytes_to_use": 1 << 22}
+        return lifecycle(scheduler_with("OffloadingConnector", extra), tokens=(12, 8))
+
+    def break_shape(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler
+
+        monkeypatch.delattr(scheduler.OffloadingConnectorScheduler, "build_connector_meta")
+
+
+class _NoLookup:
+    """The Mooncake store scheduler's lookup client, with no lookup server to ask."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        pass
+
+    def lookup(self, *args: Any, **kw: Any) -> Any:
+        return 0
+
+    def discard(self, *args: Any) -> None:
+        pass
+
+    def reset(self) -> bool:
+        return True
+
+
+class TestMooncakeStoreAdapter(AdapterContract):
+    adapter = "mooncake_store"
+
+    @pytest.fixture(autouse=True)
+    def no_lookup_server(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import scheduler
+
+        monkeypatch.setattr(scheduler, "LookupKeyClient", _NoLookup)
+
+    def drive(self) -> Any:
+        extra = {"enable_lookup": False}
+        return lifecycle(scheduler_with("MooncakeStoreConnector", extra, role="kv_consumer"))
+
+    def break_shape(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import worker
+
+        monkeypatch.delattr(worker.MooncakeStoreWorker, "get_finished")
+
+
+# -- the contract fails a broken adapter ---------------------------------------------------
+
+
+class LeakyAdapter(GenericAdapter):
+    """Deliberately broken: its hook calls its observer outside the process's
+    ``observe``, so an observer error reaches vLLM."""
+
+    name = "leaky"
+
+    def patch(self, found: Any) -> None:
+        base, _ = found
+        hooks = self.process.patches
+
+        def init(original: Any, conn: Any, *args: Any, **kw: Any) -> None:
+            original(conn, *args, **kw)
+            role = kw.get("role", args[1] if len(args) > 1 else None)
+            if getattr(role, "name", "") == "SCHEDULER":
+                build = conn.build_connector_meta
+
+                def build_connector_meta(scheduler_output: Any) -> Any:
+                    meta = build(scheduler_output)
+                    from kvstate.vllm._lifecycle import LifecycleObserver
+
+                    LifecycleObserver.commit(None)  # type: ignore[arg-type]
+                    return meta
+
+                conn.__dict__["build_connector_meta"] = build_connector_meta
+
+        hooks.around(base, "__init__", init)
+
+
+@pytest.mark.broken
+class TestLeakyAdapterFails(TestGenericAdapter):
+    """Selected only with ``-m broken``: the contract must fail here."""
+
+    adapter = "leaky"
+
+    @pytest.fixture(autouse=True)
+    def registered(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setitem(registry.ADAPTERS, "leaky", f"{__name__}:LeakyAdapter")
+
+
+def test_every_registered_adapter_has_a_contract_class() -> None:
+    tested = {cls.adapter for cls in AdapterContract.__subclasses__()}
+    assert set(registry.ADAPTERS) <= tested
+    for name in registry.ADAPTERS:
+        assert issubclass(registry.adapter_class(name), Adapter)
+    assert _install.process is not None
