@@ -28,6 +28,7 @@ from kvstate.scheduler import SchedulerLedger
 from kvstate.tier_events import OFFLOADING
 from kvstate.worker import JobSpec, WorkerLedger
 
+from . import zoo_connector as conn
 from . import zoo_offloading as off
 from .legacy import LegacyCrash, scheduler_policy, worker_policy
 
@@ -498,5 +499,7 @@ CASES: dict[str, Case] = {
             stage=off.OffloadStage,
             protocol=OFFLOADING,
         ),
+        # vLLM's connector boundary, as the generic adapter journals any connector
+        *(Case(*row, stage=conn.ConnectorStage) for row in conn.CASES),
     )
 }
