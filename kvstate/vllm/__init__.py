@@ -5,7 +5,7 @@ the MooncakeStoreConnector and the OffloadingConnector in depth, every other
 connector at vLLM's connector boundary (:mod:`kvstate.vllm.generic`). Two
 ways in, the same observer behind both (see docs/vllm.md):
 
-- ``KVTransferConfig(kv_connector="JournaledConnector",
+- ``KVTransferConfig(kv_connector="JournaledConnector",  # JournaledHMAConnector if HMA
   kv_connector_module_path="kvstate.vllm", kv_role="kv_both",
   kv_connector_extra_config={"kvstate_connector": "NixlConnector",
   "kvstate_journal_dir": "journals"})`` (or ``JournaledMooncakeStoreConnector``,

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+import kvstate.vllm as kv
 from kvstate.vllm import _install, registry
 from kvstate.vllm.adapter import Adapter
 from kvstate.vllm.generic import GenericAdapter
@@ -37,6 +38,58 @@ class TestGenericAdapter(AdapterContract):
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
         monkeypatch.delattr(KVConnectorBase_V1, "update_connector_output")
+
+    def test_the_wrapper_decides_as_its_inner_connector_and_is_journaled(
+        self, journals: Any
+    ) -> None:
+        """kv_connector="JournaledConnector" around ExampleConnector: vLLM decides
+        the same, the inner object is journaled (its class names the journal)."""
+        plain = self.drive()
+        with tempfile.TemporaryDirectory() as shared:
+            extra = {"kvstate_connector": "ExampleConnector", "shared_storage_path": shared}
+            utils = vllm_test_utils()
+            config = utils.create_vllm_config(
+                kv_connector="JournaledConnector", kv_connector_module_path="kvstate.vllm",
+                kv_role="kv_both", kv_connector_extra_config=extra,
+            )  # fmt: skip
+            wrapped = utils.create_scheduler(config, num_blocks=64)
+            assert type(wrapped.connector).__name__ == "JournaledConnector"
+            assert lifecycle(wrapped) == plain
+        kv.finish()
+        names = sorted(p.name for p in journals.glob("*.db"))
+        assert names and all(n.startswith("ExampleConnector-scheduler-") for n in names)
+        assert all(r.violations == [] for r in self._replayed(journals))
+
+    @pytest.mark.parametrize("inner", ["ExampleConnector", "DecodeBenchConnector"])
+    def test_the_wrapper_changes_no_hma_decision(self, journals: Any, inner: str) -> None:
+        """vLLM decides HMA support from the class it loads by name: the wrapper
+        of each kind answers as its inner connector, and the other refuses to start."""
+        from vllm.config import KVTransferConfig
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+        plain = KVTransferConfig(kv_connector=inner, kv_role="kv_both")
+        expected = KVConnectorFactory.supports_hma_config(plain)
+        utils = vllm_test_utils()
+        kinds: list[bool] = []
+        for name in ("JournaledConnector", "JournaledHMAConnector"):
+            wrapped = KVTransferConfig(
+                kv_connector=name, kv_connector_module_path="kvstate.vllm", kv_role="kv_both",
+                kv_connector_extra_config={"kvstate_connector": inner},
+            )  # fmt: skip
+            decided = KVConnectorFactory.supports_hma_config(wrapped)
+            config = utils.create_vllm_config(
+                kv_connector=name, kv_connector_module_path="kvstate.vllm", kv_role="kv_both",
+                kv_connector_extra_config={"kvstate_connector": inner},
+                disable_hybrid_kv_cache_manager=True,
+            )  # fmt: skip
+            if decided != expected:  # the other kind refuses to start, naming the right one
+                with pytest.raises(ValueError, match="use kv_connector="):
+                    KVConnectorFactory.get_connector_class(wrapped)(
+                        config, KVConnectorRole.SCHEDULER, None
+                    )
+            kinds.append(decided == expected)
+        assert kinds.count(True) == 1  # exactly one kind decides as the inner connector
 
 
 class TestOffloadingAdapter(AdapterContract):

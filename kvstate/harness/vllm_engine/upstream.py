@@ -102,11 +102,12 @@ def ensure(root: Path, release: str = "0.32.0") -> Path:
     venv = venvs.ensure(root, release)
     tree = tests_root(root, release)
     marker = tree / MARKER
-    if marker.is_file() and marker.read_text().strip() == SDISTS[release]:
+    if marker.is_file() and marker.read_text().strip() == _tree_id(release):
         return tree
     python = venvs.python_of(venv)
-    if subprocess.run([str(python), "-c", "import pytest"], capture_output=True).returncode:
-        _pip_install_pytest(python)
+    for module in TEST_MODULES:
+        if subprocess.run([str(python), "-c", f"import {module}"], capture_output=True).returncode:
+            _pip_install_as_here(python, module)
     with tempfile.TemporaryDirectory(dir=venv) as tmp:
         unpacked = Path(tmp) / "tree"
         fetch_tests(release, unpacked)
@@ -115,8 +116,19 @@ def ensure(root: Path, release: str = "0.32.0") -> Path:
         tree.parent.mkdir(parents=True, exist_ok=True)
         unpacked.rename(tree)
     with atomic_output(marker, force=True) as out:
-        Path(out).write_text(SDISTS[release] + "\n")
+        Path(out).write_text(_tree_id(release) + "\n")
     return tree
+
+
+#: what the tree holds beside the sdist's pin: a new value unpacks it again
+TREE_LAYOUT = 2
+#: what vLLM's connector unit tests import that vLLM itself does not install
+#: (pytest; ray, which the NIXL tests import at the top)
+TEST_MODULES = ("pytest", "ray")
+
+
+def _tree_id(release: str) -> str:
+    return f"{SDISTS[release]} layout {TREE_LAYOUT}"
 
 
 def model_cache(tree: Path) -> Path:
@@ -140,14 +152,14 @@ def model_cache(tree: Path) -> Path:
     return home
 
 
-def _pip_install_pytest(python: Path) -> None:
-    # The same pytest as kvstate's own environment, so both read one config.
+def _pip_install_as_here(python: Path, module: str) -> None:
+    # The same version as kvstate's own environment (pytest: so both read one config).
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        pin = f"pytest=={version('pytest')}"
+        pin = f"{module}=={version(module)}"
     except PackageNotFoundError:
-        pin = "pytest>=8"
+        pin = module
     cmd = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", pin]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -195,6 +207,11 @@ def fetch_tests(release: str, dest: Path, expect: str = SCHEDULER_TESTS) -> None
         _copy_tests(source, dest)
 
 
+#: what the connector unit tests import beside their own folder (``tests/utils.py``,
+#: the attention backends' and the core's test helpers, SimpleCPUOffload's)
+_HELPERS = ("tests/utils.py", "tests/v1/attention", "tests/v1/core", "tests/v1/simple_kv_offload")
+
+
 def _copy_tests(source: Path, dest: Path) -> None:
     """Only ``tests/``: the unit tests import vLLM from the venv, not from the sdist."""
     for package in ("tests", "tests/v1", "tests/v1/kv_connector"):
@@ -203,6 +220,11 @@ def _copy_tests(source: Path, dest: Path) -> None:
             (dest / init).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source / init, dest / init)
     shutil.copytree(source / UNIT, dest / UNIT)
+    for helper in _HELPERS:
+        if (source / helper).is_dir():
+            shutil.copytree(source / helper, dest / helper)
+        elif (source / helper).is_file():
+            shutil.copyfile(source / helper, dest / helper)
 
 
 def run(

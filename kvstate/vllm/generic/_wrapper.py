@@ -15,18 +15,21 @@
     )
 
 The wrapper builds the inner connector as vLLM's factory would and hands
-every call to it; :func:`kvstate.vllm.install` (run when this module loads)
-observes the inner object, so the journal is the one the other way in
+every call to it; :func:`kvstate.vllm.install` (run when the wrapper is
+made) observes the inner object, so the journal is the one the other way in
 writes. The wrapper changes nothing vLLM decides:
 
-- vLLM decides hybrid-KV (HMA) support from the connector class
-  (``supports_hma``), and from the children only for the literal name
-  ``MultiConnector``; a wrapper that did not declare ``SupportsHMA`` where
+- vLLM decides hybrid-KV (HMA) support from the connector *class* it loads
+  by name (``supports_hma``: ``issubclass(cls, SupportsHMA)``), before any
+  object exists, and from the children only for the literal name
+  ``MultiConnector``. A wrapper that did not declare ``SupportsHMA`` where
   its inner connector does would turn HMA off and change which finish
-  method vLLM calls. So the factory's ``supports_hma_config`` answers for a
-  wrapper as for its inner connector, and an object of the wrapper is a
-  :class:`JournaledHMAConnector` (``SupportsHMA``) exactly when its inner
-  connector's class is;
+  method vLLM calls; one that did where it does not would turn it on. The
+  class cannot know its inner connector when vLLM asks, so there are two:
+  :class:`JournaledConnector` for a connector without HMA support and
+  :class:`JournaledHMAConnector` for one with it, and each refuses to start
+  around the other kind (vLLM would have decided from the wrong class),
+  naming the one to use;
 - every method and property of ``KVConnectorBase_V1`` is the inner object's.
 """
 
@@ -40,14 +43,12 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
 
-from kvstate.vllm._install import install, process
+from kvstate.vllm._install import install
 
 #: kv_connector_extra_config keys naming the inner connector
 INNER = "kvstate_connector"
 INNER_PATH = "kvstate_connector_module_path"
 INNER_EXTRA = "kvstate_connector_extra_config"
-#: the names vLLM may load the wrapper by
-NAMES = ("JournaledConnector", "JournaledHMAConnector")
 
 
 def inner_transfer_config(transfer: Any) -> Any:
@@ -79,17 +80,21 @@ def _inner(vllm_config: Any) -> tuple[Any, Any]:
 
 
 class JournaledConnector(KVConnectorBase_V1):
-    """Any vLLM connector, unchanged, with the lifecycle vLLM's core sees journaled."""
-
-    def __new__(cls, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> Any:
-        inner_cls, _ = _inner(vllm_config)
-        if issubclass(inner_cls, SupportsHMA) and not issubclass(cls, SupportsHMA):
-            cls = JournaledHMAConnector
-        return super().__new__(cls)
+    """Any vLLM connector without HMA support, unchanged, with the lifecycle
+    vLLM's core sees journaled."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
-        install()  # observes the inner object as it is made (idempotent)
         inner_cls, config = _inner(vllm_config)
+        hma = issubclass(inner_cls, SupportsHMA)
+        if hma != isinstance(self, SupportsHMA):
+            right = "JournaledHMAConnector" if hma else "JournaledConnector"
+            raise ValueError(
+                f"kv_connector={type(self).__name__!r} around {inner_cls.__name__}: vLLM "
+                f"decides hybrid-KV support from the wrapper's class, and "
+                f"{inner_cls.__name__} {'supports' if hma else 'does not support'} it; "
+                f"use kv_connector={right!r}"
+            )
+        install()  # observes the inner object as it is made (idempotent)
         self._kvstate_inner = inner_cls(config, role, kv_cache_config)
         super().__init__(vllm_config, role, kv_cache_config)
 
@@ -150,27 +155,3 @@ for _name, _value in list(vars(KVConnectorBase_V1).items()):
         setattr(JournaledConnector, _name, _forward(_name))
 JournaledConnector.__abstractmethods__ = frozenset()
 JournaledHMAConnector.__abstractmethods__ = frozenset()
-
-
-def _supports_hma_config(original: Any, factory: Any, kv_transfer_config: Any) -> bool:
-    """vLLM's answer for a wrapper is its answer for the inner connector."""
-    if kv_transfer_config.kv_connector in NAMES:
-        return bool(original(inner_transfer_config(kv_transfer_config)))
-    return bool(original(kv_transfer_config))
-
-
-def _patch_factory() -> None:
-    original = KVConnectorFactory.supports_hma_config  # bound to the class
-
-    def supports_hma_config(cls: Any, kv_transfer_config: Any) -> bool:
-        return _supports_hma_config(original, cls, kv_transfer_config)
-
-    with process.lock:
-        if not getattr(original, "_kvstate", False):
-            supports_hma_config._kvstate = True  # type: ignore[attr-defined]
-            process.patches.replace(
-                KVConnectorFactory, "supports_hma_config", classmethod(supports_hma_config)
-            )
-
-
-_patch_factory()
