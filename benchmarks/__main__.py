@@ -67,7 +67,8 @@ def _update(out: Path, quick: bool, which: str) -> int:
     else:
         mooncake, report["vllm_profile"] = vllm_row(quick)
         offloading, report["vllm_offloading_profile"] = vllm_row(quick, "offloading")
-        rows = [mooncake, offloading]
+        example, report["vllm_example_profile"] = vllm_row(quick, "example")
+        rows = [mooncake, offloading, example]
     fresh = [attrs.asdict(r) for r in rows]
     names = {r["name"] for r in fresh}
     if which == "vllm":  # a table from before the rows were named by connector

@@ -12,7 +12,9 @@ measured separately. Run: ``python benchmarks/bench_vllm_step.py [--pairs N]``.
 OffloadingConnector (kvstate's host tier, journaled through kvstate's
 connector setting) and prints the engine thread's CPU split between
 kvstate's observer and vLLM's scheduler and connector, per step: the
-benchmark runner's offloading row.
+benchmark runner's offloading row. ``--connector example`` does the same for
+vLLM's ExampleConnector, journaled by the generic adapter through
+``install()`` (any connector's row).
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ WORKLOAD = {
 #: the OffloadingConnector's host tier, large enough that no store waits on
 #: an eviction, and each copy done the step it is submitted
 OFFLOADING = {"connector": "offloading", "copy_steps": 0, "tier_bytes": 1 << 26}
+#: vLLM's ExampleConnector (KV to files), observed by the generic adapter via install()
+#: (every prompt its own and no preemption: the ExampleConnector cannot load back on the CPU
+#: engine, which writes none of the layer files it would read)
+EXAMPLE = {"connector": "example", "via": "install", "groups": WORKLOAD["prompts"], "blocks": 1024}
 
 
 def profiled_run(
@@ -56,8 +62,9 @@ def profiled_run(
     (:mod:`kvstate.harness.vllm_engine.cpu_profile`); None when the venv is not built.
 
     ``connector`` is ``"mooncake"`` (vLLM's MooncakeStoreConnector, against a
-    Mooncake master started here) or ``"offloading"`` (vLLM's
-    OffloadingConnector on kvstate's host tier; no store process). ``detail``
+    Mooncake master started here), ``"offloading"`` (vLLM's
+    OffloadingConnector on kvstate's host tier; no store process) or
+    ``"example"`` (vLLM's ExampleConnector, the generic adapter's row). ``detail``
     also charges kvstate's own layers by name (a breakdown, not the row).
     """
     venv = venvs.venv_path(ROOT, release)
@@ -76,9 +83,9 @@ def profiled_run(
             "fingerprint": False,  # an audit, off by default (measured above)
             "profile": "detail" if detail else True,
         }
-        if connector == "offloading":
+        if connector in ("offloading", "example"):
             env = {k: v for k, v in os.environ.items() if k != "MOONCAKE_CONFIG_PATH"}
-            cfg.update(OFFLOADING)
+            cfg.update(OFFLOADING if connector == "offloading" else EXAMPLE)
             cfg.pop("put_delay")
         else:
             address = stack.enter_context(MooncakeMaster())
@@ -94,15 +101,15 @@ def main() -> int:
     parser.add_argument("--release", default="0.32.0")
     parser.add_argument(
         "--connector",
-        choices=("mooncake", "offloading"),
+        choices=("mooncake", "offloading", "example"),
         default="mooncake",
         help="offloading: one profiled run of vLLM's OffloadingConnector, kvstate's CPU on "
         "the engine thread against vLLM's scheduler and connector (the runner's row)",
     )
     args = parser.parse_args()
-    if args.connector == "offloading":
+    if args.connector in ("offloading", "example"):
         venvs.ensure(ROOT, args.release)
-        profile = profiled_run(args.release, "offloading")
+        profile = profiled_run(args.release, args.connector)
         print(json.dumps(profile, indent=1))
         return 0
     python = venvs.python_of(venvs.ensure(ROOT, args.release))

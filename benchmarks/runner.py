@@ -406,6 +406,8 @@ VLLM_ROW = "kvstate CPU on vLLM's engine thread / vLLM scheduler + connector CPU
 VLLM_ROWS = {
     "mooncake": (f"{VLLM_ROW}, MooncakeStoreConnector", 0.03),
     "offloading": (f"{VLLM_ROW}, OffloadingConnector", 0.10),
+    # any other connector, through the generic adapter (kvstate.vllm.generic)
+    "example": (f"{VLLM_ROW}, ExampleConnector (generic adapter)", 0.05),
 }
 
 
@@ -580,6 +582,8 @@ def run(quick: bool) -> dict[str, Any]:
     rows.append(vllm)
     offloading, offloading_run = vllm_row(quick, "offloading")
     rows.append(offloading)
+    example, example_run = vllm_row(quick, "example")
+    rows.append(example)
     fleet, fleets = fleet_row(sizes.fleet_runs, sizes.fleet_requests)
     rows.append(fleet)
     day, day_runs = day_rows(sizes.day_jobs)
@@ -597,6 +601,7 @@ def run(quick: bool) -> dict[str, Any]:
         "demo": demo_run,
         "vllm_profile": vllm_run,
         "vllm_offloading_profile": offloading_run,
+        "vllm_example_profile": example_run,
         "fleets": fleets,
         "day": day_runs,
         "live_jobs": sizes.jobs,

@@ -295,6 +295,13 @@ def instrument(
 
         for name in ("prepare_store", "prepare_load"):
             prof.patch(ManagerTap, name, "kvstate")
+    if connector == "example":
+        # The generic adapter hooks each connector object, not its class:
+        # its hooks are charged where the object's methods call them.
+        from kvstate.vllm.generic._hooks import ConnectorHooks
+
+        for name in ("matched", "allocated", "build", "finished", "output", "reset"):
+            prof.patch(ConnectorHooks, name, "kvstate")
     # The hand-over of each group (kvstate.vllm._commit), on kvstate's own
     # thread: not the engine thread's, and reported beside the row.
     from kvstate.vllm._commit import GroupCommit
@@ -364,7 +371,13 @@ def _connector_classes(connector: str) -> list[type]:
         if halves is None:
             raise RuntimeError("this vLLM's OffloadingConnector has not the shape kvstate observes")
         return [OffloadingConnector, *halves]
-    raise ValueError(f"connector must be 'mooncake' or 'offloading', not {connector!r}")
+    if connector == "example":
+        from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import (
+            ExampleConnector,
+        )
+
+        return [ExampleConnector]  # the generic adapter patches no half of it
+    raise ValueError(f"connector must be 'mooncake', 'offloading' or 'example', not {connector!r}")
 
 
 def summary(prof: Attribution) -> dict[str, Any]:

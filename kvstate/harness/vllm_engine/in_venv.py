@@ -16,7 +16,8 @@ host tier of :mod:`kvstate.harness.vllm_engine.host_tier` (``copy_steps`` holds 
 store's copy that many engine steps, ``tier_bytes`` sizes the tier,
 ``flushes: false`` drops vLLM's flushes as before vLLM #29870); round 2
 loads from the tier. ``connector="multi"`` runs vLLM's MultiConnector with
-both, observed through ``install()``.
+both, observed through ``install()``; ``connector="example"`` vLLM's
+ExampleConnector, observed by the generic adapter.
 
 A watchdog ends a run that stops making progress (the connector before
 vLLM #52372 can starve its pool): no step with output and no put for
@@ -162,7 +163,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                     cfg["journal_dir"],
                     fingerprint=cfg.get("fingerprint", True),
                     detail=cfg["profile"] == "detail",
-                    connector="offloading" if offloading else "mooncake",
+                    connector=cfg.get("connector", "mooncake"),
                 )[0]
             else:
                 kvstate.vllm.install(cfg["journal_dir"], fingerprint=cfg.get("fingerprint", True))
@@ -365,6 +366,17 @@ def _transfer_config(cfg: dict[str, Any], journaled: bool) -> Any:
     }
     if connector == "mooncake":
         return KVTransferConfig(**store)
+    if connector == "example":  # any connector: vLLM's ExampleConnector (KV to files)
+        files = {"shared_storage_path": str(Path(cfg["journal_dir"]).parent / "example-kv")}
+        if via_connector:  # the generic adapter's wrapper around it
+            return KVTransferConfig(
+                kv_connector="JournaledConnector", kv_role="kv_both", **module,
+                kv_connector_extra_config={"kvstate_connector": "ExampleConnector",
+                                           **files, **observer},
+            )  # fmt: skip
+        return KVTransferConfig(
+            kv_connector="ExampleConnector", kv_role="kv_both", kv_connector_extra_config=files
+        )
     # Only a release with the OffloadingConnector has what the host tier imports.
     from kvstate.harness.vllm_engine import host_tier
 

@@ -122,6 +122,10 @@ class ConnectorHooks:
 
     def output(self, original: Any, conn: Any, connector_output: Any) -> Any:
         result = original(connector_output)
+        out = connector_output
+        if not (out.finished_recving or out.finished_sending or out.invalid_block_ids
+                or getattr(out, "failed_recving", None)):  # fmt: skip
+            return result  # most steps: nothing reported, nothing to journal
         observer = self.observer(conn)
         if observer is not None:
             self.process.observe(observer.output, connector_output)

@@ -114,10 +114,14 @@ class ConnectorObserver(LifecycleObserver):
 
     def output(self, output: Any) -> None:
         """``update_connector_output``: the transfers the workers reported ended."""
+        # Every step calls this; most report nothing and cost one look each.
+        failed_recving = getattr(output, "failed_recving", None)
         invalid = getattr(output, "invalid_block_ids", None)
+        if not (output.finished_recving or output.finished_sending or failed_recving or invalid):
+            return
         if invalid:
             self._record(tx.BlocksInvalid(blocks=tuple(sorted(invalid))))
-        failed = set(getattr(output, "failed_recving", None) or ())
+        failed = set(failed_recving or ())
         for req in sorted(set(output.finished_recving or ()) | failed):
             gen = self.gens.get(req)
             if gen is None:
