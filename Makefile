@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup system-packages demo vllm-demo vllm-venvs vllm-unit-tests test test-quick lint bench soak clean
+.PHONY: setup system-packages demo vllm-demo vllm-venvs vllm-unit-tests vllm-unit-all test test-quick lint bench soak clean
 
 setup: $(VENV)/.installed
 
@@ -50,6 +50,16 @@ vllm-venvs: setup
 vllm-unit-tests: vllm-venvs
 	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --fetch
 	$(BIN)/python -m kvstate.harness.vllm_engine.history --fetch
+
+# vLLM's whole connector unit folder (three suites: the Mooncake store's
+# scheduler, the OffloadingConnector's, every other connector's), each run
+# plain, under one install() for the session, and installed per test; the
+# outcome of every test must be the same in the three (docs/vllm.md).
+# `make test` runs the first two modes.
+vllm-unit-all: vllm-unit-tests
+	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --suite mooncake
+	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --suite offloading
+	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --suite connectors
 
 # ruff, mypy and the dead-code check first, so the last line CI prints is
 # pytest's summary. The

@@ -238,6 +238,22 @@ class OffloadState:
                 for key in job.keys:
                     self._forget(self.storing, key, job.job)
 
+    def discarded(self, job: StoreJobState) -> None:
+        """A cache reset discarded the job: it ends, but a store's copy may still
+        read its blocks on a rank until that rank reports it (``_stop_reading``
+        then runs from the report or the flush, as for a live store)."""
+        mine = self.live.get(job.req)
+        if mine is not None:
+            mine.pop(job.job, None)
+            if not mine:
+                del self.live[job.req]
+        if job.load:
+            for key in job.keys:
+                self._forget(self.reading, key, job.job)
+        elif self.storing:
+            for key in job.keys:
+                self._forget(self.storing, key, job.job)
+
     def _stop_reading(self, job: StoreJobState) -> None:
         if self.read_done.pop(job.job, None) is None:
             return

@@ -500,7 +500,19 @@ class Ledger(LedgerState):
         self.transfers.invalid(seq, event, out)
 
     def _on_cache_reset(self, seq: int, event: tx.CacheReset, out: Out) -> None:
-        pass  # what a reset discarded ends in the records that follow it
+        # The jobs the reset discarded end here: no completion will come for
+        # them. A store among them still reads its blocks on a rank until the
+        # rank reports it, so under the offloading protocol those blocks stay
+        # guarded (UNFLUSHED_REUSE) until then.
+        for job_id in event.jobs:
+            job = self._job(seq, event.kind, job_id, out)
+            if job is None or job.released_seq is not None:
+                continue
+            for block in job.pins:
+                drop(self.blocks, block, seq, out, f"discarding job {job.job}")
+            job.released_seq = seq
+            self.pinned.pop(job.job, None)
+            self.offload.discarded(job)
 
     def _on_crashed(self, seq: int, event: ev.EngineCrashed, out: Out) -> None:
         self.crashes.append(seq)

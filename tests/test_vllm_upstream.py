@@ -43,7 +43,10 @@ def runs(
 ) -> tuple[dict[str, dict[str, str]], Path]:
     suite = request.param
     out = tmp_path_factory.mktemp(f"vllm-unit-{suite}")
-    return {mode: upstream.run(ROOT, mode, out / mode, suite=suite) for mode in upstream.MODES}, out
+    # plain and one install for the session here; per test as well, and every
+    # suite, from `make vllm-unit-all` (docs/vllm.md)
+    modes = upstream.QUICK_MODES
+    return {mode: upstream.run(ROOT, mode, out / mode, suite=suite) for mode in modes}, out
 
 
 @pytest.mark.vllm
@@ -53,26 +56,35 @@ def test_the_releases_own_tests_end_alike_observed_or_not(
     got, _ = runs
     plain = got["plain"]
     assert "passed" in plain.values()
-    for mode in ("session", "per-test"):
+    for mode in set(got) - {"plain"}:
         differ = {t: (plain[t], got[mode].get(t)) for t in plain if got[mode].get(t) != plain[t]}
         assert differ == {}, f"{mode}: {differ}"
         assert set(got[mode]) == set(plain)
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("mode", ["session", "per-test"])
+def test_what_cannot_run_here_is_listed_with_its_reason(
+    runs: tuple[dict[str, dict[str, str]], Path],
+) -> None:
+    """A test of the release that fails here plain fails for a listed reason
+    (no accelerator, no model hub, ...), never unexplained."""
+    got, out = runs
+    if not out.name.startswith("vllm-unit-connectors"):
+        return
+    failing = [t for t, outcome in got["plain"].items() if outcome in ("failed", "error")]
+    unexplained = [t for t in failing if not any(k in t for k in upstream.CANNOT_RUN_HERE)]
+    assert unexplained == []
+    assert sum(v == "passed" for v in got["plain"].values()) > 1400
+
+
+@pytest.mark.vllm
 def test_journals_of_unit_tests_claim_no_violation(
-    runs: tuple[dict[str, dict[str, str]], Path], mode: str
+    runs: tuple[dict[str, dict[str, str]], Path],
 ) -> None:
     """A test that stops mid-lifecycle leaves a journal that says UNFINISHED, never a leak."""
     _, out = runs
-    journals = group([str(out / mode)])
-    if mode == "session":
-        assert len(journals) > 1  # every connector of the process, a journal of its own
-    else:
-        # a test that builds two schedulers gets two journals in its folder
-        folders = [Path(paths[0]).parent for paths in journals.values()]
-        assert len(set(folders)) < len(folders)
+    journals = group([str(out / "session")])
+    assert len(journals) > 1  # every connector of the process, a journal of its own
     unfinished = worked = stood_down = 0
     for run, paths in journals.items():
         result = replay(paths)
@@ -82,7 +94,9 @@ def test_journals_of_unit_tests_claim_no_violation(
         worked += bool(result.ledger.jobs)
         stood_down += result.ledger.stood_down is not None
     # the tests did leave lifecycles open, and the observer did journal jobs
-    assert unfinished > 0 and worked > 0
+    # (the generic adapter journals no job: its connectors' own work is theirs)
+    assert unfinished > 0
+    assert worked > 0 or out.name.startswith("vllm-unit-connectors")
     if out.name.startswith("vllm-unit-offloading"):
         # some of them hand the connector objects of their own making
         assert stood_down > 0

@@ -247,17 +247,13 @@ class OffloadingHooks:
         return None
 
     def reset_cache(self, original: Any, sched: Any, *a: Any, **kw: Any) -> Any:
-        in_flight = len(getattr(sched, "_jobs", ()) or ())
+        # The jobs in flight, read before vLLM discards them: the journal ends
+        # them at the reset (cache_reset), and their workers may still copy.
+        in_flight = list(getattr(sched, "_jobs", ()) or ())
         result = original(sched, *a, **kw)
         observer = self._observer(sched)
-        if observer is not None and in_flight:
-            # Discarded jobs end with no completion and their ranks' late
-            # reports are dropped: the contract has no record for that.
-            why = (
-                f"vLLM's reset_cache discarded {in_flight} job(s) in flight; the contract "
-                "has no record of a job the scheduler discards"
-            )
-            self.process.observe(stand_down, observer, why)
+        if observer is not None:
+            self.process.observe(observer.reset, in_flight, result is not False)
         return result
 
     def request_finished(self, original: Any, sched: Any, request: Any, *a: Any, **kw: Any) -> Any:

@@ -10,6 +10,7 @@ from unittest.mock import NonCallableMock
 
 from kvstate import events as ev
 from kvstate import tier_events as tier
+from kvstate import transfer_events as tx
 from kvstate.recorder import Recorder
 from kvstate.vllm._lifecycle import group0
 from kvstate.vllm._scheduler import SchedulerObserver
@@ -130,6 +131,9 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         self.loads: dict[int, tuple[str, list[int], int, int, list[str]]] = {}
         #: live job -> its keys (a store's, in the order it stores them)
         self.keys: dict[int, tuple[str, ...]] = {}
+        #: the tier's keys as journaled (tier_stored in, tier_evicted out): what a
+        #: cache reset releases
+        self.tier: dict[str, None] = {}
         self._flush_first: tuple[int, ...] = ()
         #: this step's jobs: job -> (req, gen, keys, of a finished request)
         self.step_jobs: dict[int, tuple[str, int, tuple[str, ...], bool]] = {}
@@ -290,6 +294,21 @@ class OffloadingSchedulerObserver(SchedulerObserver):
     def _evicted(self, keys: list[str]) -> None:
         if keys:
             self._record(tier.TierEvicted(keys=tuple(keys)))
+            for key in keys:
+                self.tier.pop(key, None)
+
+    def reset(self, discarded: list[int], accepted: bool) -> None:
+        """vLLM's ``reset_cache``: the jobs in flight are discarded (their
+        workers' reports are dropped, no completion comes) and every chunk of
+        the tier is released at once (vLLM 0.32.0)."""
+        jobs = tuple(sorted(job for job in discarded if job in self.keys))
+        for job in jobs:
+            del self.keys[job]
+        self.met_in_flight += len(discarded) - len(jobs)  # begun before this journal
+        self._record(tx.CacheReset(accepted=accepted, jobs=jobs))
+        if accepted and self.tier:
+            self._evicted(list(self.tier))
+        self.commit()
 
     # -- between steps --------------------------------------------------------------
 
@@ -309,4 +328,5 @@ class OffloadingSchedulerObserver(SchedulerObserver):
                 continue
             if is_store and keys:
                 self._record(tier.TierStored(job=job, keys=keys))
+                self.tier.update(dict.fromkeys(keys))
             self._record(ev.PinsReleased(job=job, blocks=()))
