@@ -416,3 +416,36 @@ def test_the_evicted_keys_remembered_are_the_newest_and_bounded(monkeypatch) -> 
     for seq, key in enumerate(["a", "b", "c", "d", "b", "e"], 1):
         state.tier_evicted(seq, (key,), {}, out)
     assert list(state.evicted.items()) == [("d", 4), ("b", 5), ("e", 6)] and out == []
+
+
+# -- cache_reset: the jobs a reset discards (kvstate.transfer_events) --------------------
+
+
+def reset_with_store_in_flight() -> JournalBuilder:
+    """``a``'s store of blocks 1 and 2 is in flight when vLLM resets the cache;
+    ``a`` then finishes and its blocks are free."""
+    j = offloading()
+    preempted_with_store_in_flight(j)
+    j.add("cache_reset", jobs=[0])
+    return j
+
+
+def test_a_reset_ends_the_jobs_it_discards_and_the_run_stays_clean() -> None:
+    """No completion comes for a discarded job, and none is owed: no
+    LEAKED_PIN, EARLY_RELEASE or MISSING_REPORT once its rank reported it."""
+    j = reset_with_store_in_flight()
+    j.add("job_reported", job=0, rank=0)  # the copy ran to its end; the report is dropped
+    j.admit("b", blocks=[1, 2])
+    j.add("request_finished", req="b", gen=0)
+    j.add("engine_idle")
+    assert j.fold() == ([], [])
+
+
+def test_a_block_a_discarded_store_still_reads_is_guarded_until_its_report() -> None:
+    """The reset ends the job, not its copy: handing its block on before the
+    rank reports it (or a flush) is the late DMA's race."""
+    j = reset_with_store_in_flight()
+    j.add("request_admitted", req="b", gen=0, prompt_tokens=8)
+    reuse = j.add("blocks_assigned", req="b", gen=0, blocks=[2, 1], mode="append")
+    v = j.only("UNFLUSHED_REUSE")
+    assert (v.seq, v.job) == (reuse, 0)
