@@ -189,3 +189,40 @@ def test_every_registered_adapter_has_a_contract_class() -> None:
     for name in registry.ADAPTERS:
         assert issubclass(registry.adapter_class(name), Adapter)
     assert _install.process is not None
+
+
+class TestUnderMultiConnector:
+    """vLLM's MultiConnector: each child observed as itself, a journal of its own."""
+
+    def test_each_child_gets_a_journal_and_vllm_decides_the_same(
+        self, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from kvstate.vllm import _journals
+        from kvstate.vllm._process import ObservedProcess
+        from replay.runs import group
+        from replay.verdict import replay
+
+        folder = tmp_path / "journals"
+        monkeypatch.setattr(_install, "process", ObservedProcess())
+        monkeypatch.setattr(_journals, "chosen_dir", folder)
+        children = [
+            {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+             "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "a")}},
+            {"kv_connector": "DecodeBenchConnector", "kv_role": "kv_both"},
+        ]  # fmt: skip
+
+        def drive() -> Any:
+            return lifecycle(scheduler_with("MultiConnector", {"connectors": children}))
+
+        plain = drive()
+        kv.install()
+        try:
+            assert drive() == plain
+        finally:
+            kv.finish()
+            kv.uninstall()
+        names = sorted(p.name.split("-scheduler-")[0] for p in folder.glob("*.db"))
+        assert names == ["DecodeBenchConnector", "ExampleConnector"]  # no MultiConnector journal
+        runs = group([str(folder)])
+        assert len(runs) == 2  # judged apart
+        assert all(replay(paths).violations == [] for paths in runs.values())
