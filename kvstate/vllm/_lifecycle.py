@@ -182,6 +182,11 @@ class LifecycleObserver:
         """A step boundary: commit in groups (see :mod:`kvstate.vllm._commit`)."""
         self.group.step_ended()
 
+    def quiescent(self) -> bool:
+        """Nothing this journal saw begin is still outstanding, and it met
+        nothing begun before it: ``engine_idle`` may be claimed."""
+        return not self.met_in_flight and not self.running()
+
     def running(self) -> set[str]:
         """Requests this journal admitted that vLLM has not finished."""
         return set(self.gens) - self.finished
@@ -203,6 +208,6 @@ class LifecycleObserver:
         self.closed = True
         if error is not None:
             self._record(ev.EngineCrashed(error=error))
-        elif idle and not self.met_in_flight and not self.running():
+        elif idle and self.quiescent():
             self._record(ev.EngineIdle())
         self.recorder.close()

@@ -134,6 +134,9 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         #: the tier's keys as journaled (tier_stored in, tier_evicted out): what a
         #: cache reset releases
         self.tier: dict[str, None] = {}
+        #: job -> reports still due of a job a cache reset discarded (its copy
+        #: may still run on a worker: the engine is not idle until they came)
+        self.discarded: dict[int, int] = {}
         self._flush_first: tuple[int, ...] = ()
         #: this step's jobs: job -> (req, gen, keys, of a finished request)
         self.step_jobs: dict[int, tuple[str, int, tuple[str, ...], bool]] = {}
@@ -297,6 +300,9 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             for key in keys:
                 self.tier.pop(key, None)
 
+    def quiescent(self) -> bool:
+        return super().quiescent() and not self.discarded
+
     def reset(self, discarded: list[int], accepted: bool) -> None:
         """vLLM's ``reset_cache``: the jobs in flight are discarded (their
         workers' reports are dropped, no completion comes) and every chunk of
@@ -304,6 +310,8 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         jobs = tuple(sorted(job for job in discarded if job in self.keys))
         for job in jobs:
             del self.keys[job]
+            # its workers may still copy it, and report it: vLLM drops the report
+            self.discarded[job] = self.world_size
         self.met_in_flight += len(discarded) - len(jobs)  # begun before this journal
         self._record(tx.CacheReset(accepted=accepted, jobs=jobs))
         if accepted and self.tier:
@@ -318,6 +326,11 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         ``ended`` maps a job that vLLM retired to whether it was a store.
         """
         for job, count in sorted(completed.items()):
+            if job in self.discarded:  # a late report of a job a reset discarded
+                self.discarded[job] -= count
+                if self.discarded[job] <= 0:
+                    del self.discarded[job]
+                continue
             if job not in self.keys:
                 self.met_in_flight += 1  # enqueued before this journal began
                 continue
