@@ -132,9 +132,9 @@ def test_update_measures_the_days_rows_into_an_earlier_table(tmp_path: Path) -> 
     assert "disk at its peak / its retention budget" in (tmp_path / "bench.md").read_text()
 
 
-def test_update_vllm_puts_both_engine_rows_where_the_old_row_was(tmp_path: Path) -> None:
-    """``--update vllm``: the two rows of kvstate's CPU on vLLM's engine thread
-    (Mooncake, then the OffloadingConnector) replace, in place, the one row
+def test_update_vllm_puts_every_engine_row_where_the_old_row_was(tmp_path: Path) -> None:
+    """``--update vllm``: the rows of kvstate's CPU on vLLM's engine thread
+    (Mooncake, the OffloadingConnector, the generic adapter's) replace, in place, the one row
     of a table from before the rows were named by connector; every other row
     stays as it was. ``--quick`` measures neither (each row then says why),
     so this needs no vLLM."""
@@ -152,7 +152,8 @@ def test_update_vllm_puts_both_engine_rows_where_the_old_row_was(tmp_path: Path)
     assert [r["name"].removeprefix(VLLM_ROW) for r in fresh] == [
         ", MooncakeStoreConnector",
         ", OffloadingConnector",
+        ", ExampleConnector (generic adapter)",
     ]
     assert all(r["measured"] is None and "--quick" in r["note"] for r in fresh)
     assert [r for r in report["rows"] if r not in fresh] == others
-    assert report["rows"][at : at + 2] == fresh
+    assert report["rows"][at : at + 3] == fresh
