@@ -55,7 +55,7 @@ vllm-unit-tests: vllm-venvs
 # scheduler, the OffloadingConnector's, every other connector's), each run
 # plain, under one install() for the session, and installed per test; the
 # outcome of every test must be the same in the three (docs/vllm.md).
-# `make test` runs the first two modes.
+# `make test` runs the first two modes, and of the third suite its lifecycle share.
 vllm-unit-all: vllm-unit-tests
 	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --suite mooncake
 	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --suite offloading

@@ -37,7 +37,7 @@ from replay.verdict import replay
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module", params=sorted(upstream.SUITES))
+@pytest.fixture(scope="module", params=upstream.TEST_SUITES)
 def runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[dict[str, dict[str, str]], Path]:
@@ -69,12 +69,12 @@ def test_what_cannot_run_here_is_listed_with_its_reason(
     """A test of the release that fails here plain fails for a listed reason
     (no accelerator, no model hub, ...), never unexplained."""
     got, out = runs
-    if not out.name.startswith("vllm-unit-connectors"):
+    if not out.name.startswith(("vllm-unit-connectors", "vllm-unit-lifecycle")):
         return
     failing = [t for t, outcome in got["plain"].items() if outcome in ("failed", "error")]
     unexplained = [t for t in failing if not any(k in t for k in upstream.CANNOT_RUN_HERE)]
     assert unexplained == []
-    assert sum(v == "passed" for v in got["plain"].values()) > 1400
+    assert sum(v == "passed" for v in got["plain"].values()) > 50  # the suite did run
 
 
 @pytest.mark.vllm
@@ -96,7 +96,7 @@ def test_journals_of_unit_tests_claim_no_violation(
     # the tests did leave lifecycles open, and the observer did journal jobs
     # (the generic adapter journals no job: its connectors' own work is theirs)
     assert unfinished > 0
-    assert worked > 0 or out.name.startswith("vllm-unit-connectors")
+    assert worked > 0 or out.name.startswith(("vllm-unit-connectors", "vllm-unit-lifecycle"))
     if out.name.startswith("vllm-unit-offloading"):
         # some of them hand the connector objects of their own making
         assert stood_down > 0

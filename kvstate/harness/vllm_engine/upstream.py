@@ -57,7 +57,7 @@ SDISTS = {
 UNIT = "tests/v1/kv_connector/unit"
 SCHEDULER_TESTS = f"{UNIT}/test_mooncake_store_scheduler.py"
 #: suite -> the release's tests it runs (a file or a folder of the sdist's tree)
-SUITES = {
+SUITES: dict[str, str | tuple[str, ...]] = {
     "mooncake": SCHEDULER_TESTS,
     # the OffloadingConnector's scheduler, worker, events, metrics and config
     # tests: a real V1 Scheduler driven by the release's RequestRunner
@@ -66,7 +66,26 @@ SUITES = {
     # HF3FS, SimpleCPUOffload, the remote prefill and decode lifecycles, load
     # failures, invalid blocks, MultiConnector, ...): the generic adapter's
     "connectors": UNIT,
+    # make test's share of it: the lifecycle vLLM's core sees at the connector
+    # boundary (remote prefill and decode, load failures, invalid blocks, errors,
+    # MultiConnector, DecodeBench, SimpleCPUOffload), about 16 s a run here
+    "lifecycle": tuple(
+        f"{UNIT}/test_{name}.py"
+        for name in (
+            "remote_prefill_lifecycle",
+            "remote_decode_lifecycle",
+            "kv_load_failure_recovery",
+            "invalid_blocks_correctness",
+            "error_propagation",
+            "kv_connector_lifecycle",
+            "multi_connector",
+            "decode_bench_connector",
+            "simple_cpu_offload_connector",
+        )
+    ),
 }
+#: the suites ``make test`` runs (the whole folder: ``make vllm-unit-all``)
+TEST_SUITES = ("mooncake", "offloading", "lifecycle")
 #: what each suite leaves out (run by another suite)
 SKIPPED = {
     "connectors": (SCHEDULER_TESTS, f"{UNIT}/offloading_connector"),
@@ -300,7 +319,7 @@ def run(
         left_out = [f"--ignore={path}" for path in SKIPPED.get(suite, ())]
         argv = [
             str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *conftest, *fixtures,
-            "-W", "ignore::DeprecationWarning", f"--junitxml={report}", SUITES[suite], *left_out,
+            "-W", "ignore::DeprecationWarning", f"--junitxml={report}", *_paths(suite), *left_out,
         ]  # fmt: skip
         if mode != "plain":
             if journals is None:
@@ -319,6 +338,11 @@ def run(
                 f"{done.stderr[-3000:]}"
             )
         return outcomes(report)
+
+
+def _paths(suite: str) -> tuple[str, ...]:
+    paths = SUITES[suite]
+    return (paths,) if isinstance(paths, str) else paths
 
 
 def outcomes(junit: Path) -> dict[str, str]:
