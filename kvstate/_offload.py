@@ -224,24 +224,15 @@ class OffloadState:
 
     def ended(self, job: StoreJobState) -> None:
         """The job's end (``pins_released``): it reads and races nothing any more."""
-        mine = self.live.get(job.req)
-        if mine is not None:
-            mine.pop(job.job, None)
-            if not mine:
-                del self.live[job.req]
-        if job.load:
-            for key in job.keys:
-                self._forget(self.reading, key, job.job)
-        else:
+        self.discarded(job)
+        if not job.load:
             self._stop_reading(job)
-            if self.storing:
-                for key in job.keys:
-                    self._forget(self.storing, key, job.job)
 
     def discarded(self, job: StoreJobState) -> None:
-        """A cache reset discarded the job: it ends, but a store's copy may still
-        read its blocks on a rank until that rank reports it (``_stop_reading``
-        then runs from the report or the flush, as for a live store)."""
+        """The job ends without its copies' end: a cache reset discarded it, and a
+        store may still read its blocks on a rank until that rank reports it
+        (``_stop_reading`` then runs from the report or the flush, as for a live
+        store). :meth:`ended` is this and the end of the reading."""
         mine = self.live.get(job.req)
         if mine is not None:
             mine.pop(job.job, None)

@@ -310,3 +310,19 @@ def test_a_release_kvstate_was_not_tested_with_is_named_once(
         assert len(lines) == said, (version, lines)
         if said:
             assert lines[0].startswith(f"vLLM {version} is not a release kvstate was tested with")
+
+
+def test_a_registered_family_is_tried_before_the_generic_adapter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One registry entry adds a family, ahead of the generic adapter (whose
+    objects would otherwise be journaled twice)."""
+    from kvstate.vllm import registry
+
+    monkeypatch.setattr(registry, "ADAPTERS", dict(registry.ADAPTERS))
+    registry.register("stub", f"{__name__}:_Stub")
+    assert list(registry.ADAPTERS)[-2:] == ["stub", "generic"]
+    assert registry.adapter_class("stub") is _Stub
+    registry.register("stub", "kvstate.vllm.registry:ADAPTERS")
+    with pytest.raises(TypeError, match=r"not a kvstate\.vllm\.adapter\.Adapter"):
+        registry.adapter_class("stub")

@@ -17,7 +17,6 @@ from typing import Any
 
 from kvstate.vllm import _journals, registry
 from kvstate.vllm._compat import (
-    OFFLOADING_ONLY,
     TESTED,
     Connector,
     UnsupportedVLLMError,
@@ -58,7 +57,8 @@ def install(
         if fingerprint is not None:  # a later bare install() keeps the choice
             process.fingerprint = fingerprint
         process.ended = False  # observe again (after a finish(), new journals)
-        process.by_key.clear()  # what could not be made is tried again
+        for key in [k for k, made in process.by_key.items() if made is False]:
+            del process.by_key[key]  # what could not be made is tried again
         if process.connector is not None:
             return process.connector
         version = vllm_version()
@@ -67,17 +67,14 @@ def install(
             raise UnsupportedVLLMError("; ".join(refused) or f"vLLM {version}: no connector known")
         for reason in refused:
             _log.warning("a connector is not observed: %s", reason)
-        flavor, modules = OFFLOADING_ONLY, {}
-        claimed: list[type] = []
-        for adapter, shape in found:
-            claimed.extend(adapter.claims(shape))
-            if isinstance(shape, Connector):  # the Mooncake store's shape names the run
-                flavor, modules = shape.flavor, shape.modules
-        process.claimed = tuple(claimed)
+        # the first shape an adapter names (the Mooncake store's) names the journals
+        named = [adapter.flavor(shape) for adapter, shape in found]
+        flavor = next((n for n in named if n is not None), "generic")
+        process.claimed = tuple(cls for adapter, shape in found for cls in adapter.claims(shape))
         for adapter, shape in found:
             adapter.patch(shape)
             process.adapters.append(adapter)
-        connector = process.connector = Connector(version, flavor, modules)
+        connector = process.connector = Connector(version, flavor, {})
         _say_untested(version)
         atexit.register(_close_at_exit)
         return connector

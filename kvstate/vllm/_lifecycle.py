@@ -13,7 +13,7 @@ one record per transition in one journal.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from kvstate import events as ev
@@ -100,15 +100,7 @@ class LifecycleObserver:
             else:
                 self.admit(req, len(new.prompt_token_ids or ()))
             restarted.add(req)
-            self._record(
-                ev.BlocksAssigned(
-                    req=req,
-                    gen=self.gens[req],
-                    blocks=tuple(table),
-                    mode="replace",
-                    cached=tuple(cached),
-                )
-            )
+            self.replaced(req, table, cached)
         cached_reqs = out.scheduled_cached_reqs
         resumed: Collection[str] = getattr(cached_reqs, "resumed_req_ids", None) or ()
         # Most decode steps allocate nothing: skip those requests at C speed.
@@ -128,16 +120,7 @@ class LifecycleObserver:
                     self._record(ev.RequestResumed(req=req, gen=self.gens[req]))
                 restarted.add(req)
                 computed = cached_reqs.num_computed_tokens[i]
-                cached_tokens = local(req, computed)
-                self._record(
-                    ev.BlocksAssigned(
-                        req=req,
-                        gen=self.gens[req],
-                        blocks=tuple(table),
-                        mode="replace",
-                        cached=tuple(table[: cached_tokens // bs]),
-                    )
-                )
+                self.replaced(req, table, table[: local(req, computed) // bs])
             elif table:
                 self._record(
                     ev.BlocksAssigned(
@@ -145,6 +128,15 @@ class LifecycleObserver:
                     )
                 )
         return restarted, preempted
+
+    def replaced(self, req: str, table: list[int], cached: Sequence[int]) -> None:
+        """``req``'s current incarnation has the whole table ``table`` now; the
+        blocks ``cached`` kept their content (the engine's own prefix hits)."""
+        gen = self.gens[req]
+        blocks, kept = tuple(table), tuple(cached)
+        self._record(
+            ev.BlocksAssigned(req=req, gen=gen, blocks=blocks, mode="replace", cached=kept)
+        )
 
     def admit(self, req: str, prompt: int) -> None:
         """A new request; an id vLLM finished before (a client may reuse one)

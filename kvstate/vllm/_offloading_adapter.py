@@ -13,7 +13,7 @@ from typing import Any
 
 from kvstate.tier_events import OFFLOADING
 from kvstate.vllm import _offloading, _per_request
-from kvstate.vllm._compat import vllm_version
+from kvstate.vllm._compat import OFFLOADING_ONLY, vllm_version
 from kvstate.vllm.adapter import Adapter, Unrecognised
 
 _CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector"
@@ -48,6 +48,9 @@ class OffloadingAdapter(Adapter):
         shape, (scheduler, worker) = found
         hooks = _offloading.OffloadingHooks if shape == "per-job" else _per_request.PerRequestHooks
         hooks(self.process, scheduler, worker).patch()
+
+    def flavor(self, found: Any) -> str:
+        return OFFLOADING_ONLY  # named where no Mooncake store shape is (older releases)
 
     def claims(self, found: Any) -> tuple[type, ...]:
         try:

@@ -161,8 +161,8 @@ class ObservedProcess:
                     put(observer)
                     if made is not None:
                         self.observers.append(made)
-        if not observer or observer.closed or observer not in self.observers:
-            return None  # never made, stood down, or ended by finish()
+        if not observer or observer.closed:
+            return None  # never made, stood down, or ended (finish(), or a fork)
         return observer
 
     def open(
@@ -248,6 +248,8 @@ class ObservedProcess:
         of its own, named by its pid.
         """
         self.lock = threading.RLock()  # another thread may have held it at the fork
+        for observer in self.observers:
+            observer.closed = True  # the child's copy: the parent's object is untouched
         self.observers = []
         self.by_key = {}
 

@@ -127,12 +127,7 @@ class SchedulerObserver(LifecycleObserver):
         entry = getattr(sched, "_unfinished_requests", {}).get(req)
         prompt = entry[0].num_prompt_tokens if entry else spec.kvpool_cached_tokens
         self._record(ev.RequestAdmitted(req=req, gen=0, prompt_tokens=prompt))
-        cached = table[: spec.vllm_cached_tokens // self.block_size]
-        self._record(
-            ev.BlocksAssigned(
-                req=req, gen=0, blocks=tuple(table), mode="replace", cached=tuple(cached)
-            )
-        )
+        self.replaced(req, table, table[: spec.vllm_cached_tokens // self.block_size])
 
     # -- between steps --------------------------------------------------------------
 

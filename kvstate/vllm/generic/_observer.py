@@ -66,11 +66,7 @@ class ConnectorObserver(LifecycleObserver):
             else:
                 self.admit(req, prompt)
             gen = self.gens[req]
-            cached = tuple(table[: local // bs])
-            assigned = ev.BlocksAssigned(
-                req=req, gen=gen, blocks=tuple(table), mode="replace", cached=cached
-            )
-            self._record(assigned)
+            self.replaced(req, table, table[: local // bs])
             targets = tuple(table[local // bs : -(-(local + external) // bs)])
             self._record(tx.RemoteLoadStarted(req=req, gen=gen, blocks=targets, tokens=external))
             self.waiting.add(req)
