@@ -20,6 +20,13 @@ leaf: it imports no ledger.
   otherwise the new holder's writes race the store's reads.
 - ``STALE_COMPLETION`` (vLLM #39186, under the protocol only): a completion
   counted for a job that already ended was meant for some other job.
+- ``PROMOTED_UNDER_LATE_WRITE`` (vLLM 0.33.0's reset fence): a cache reset
+  releases every tier chunk at once, the chunks of the stores it discarded
+  too, but a worker may still write one of them (a late DMA) until it
+  reports or flushes that store. A worker's own next copy is ordered after
+  the flush; a promotion (the tier's own copy from a lower tier) is not,
+  and may fill that chunk meanwhile. 0.33.0 holds promotions until the
+  workers reported every job the reset flushed.
 - ``STORE_CURSOR_PAST_TABLE`` (vLLM #52211, under the protocol only): a
   resumed request's table starts empty, and so must the connector's store
   cursor: its first store begins where what it loaded ends, or at a chunk
@@ -100,6 +107,9 @@ class OffloadState:
     #: tier key -> live store jobs writing it (protocol only): the connector
     #: skips a key another store is already writing, as one the tier holds
     storing: dict[str, dict[int, None]] = attrs.Factory(dict)
+    #: store job a cache reset discarded -> the reset's seq, while it may still
+    #: copy into its released tier chunk on some rank
+    late: dict[int, int] = attrs.Factory(dict)
 
     def copy(self) -> OffloadState:
         return attrs.evolve(
@@ -114,6 +124,7 @@ class OffloadState:
             due=dict(self.due),
             resumed={req: (gen, seq, set(keys)) for req, (gen, seq, keys) in self.resumed.items()},
             storing=_copy_sets(self.storing),
+            late=dict(self.late),
             finished_now=list(self.finished_now),
             finished_before=list(self.finished_before),
         )
@@ -224,15 +235,20 @@ class OffloadState:
 
     def ended(self, job: StoreJobState) -> None:
         """The job's end (``pins_released``): it reads and races nothing any more."""
-        self.discarded(job)
+        self._end(job)
         if not job.load:
             self._stop_reading(job)
 
-    def discarded(self, job: StoreJobState) -> None:
-        """The job ends without its copies' end: a cache reset discarded it, and a
-        store may still read its blocks on a rank until that rank reports it
-        (``_stop_reading`` then runs from the report or the flush, as for a live
-        store). :meth:`ended` is this and the end of the reading."""
+    def discarded(self, seq: int, job: StoreJobState) -> None:
+        """The job ends without its copies' end: the cache reset at ``seq``
+        discarded it, and a store may still read its blocks and write its tier
+        chunk on a rank until that rank reports it (``_stop_reading`` then runs
+        from the report or the flush, as for a live store)."""
+        self._end(job)
+        if not job.load and job.job in self.read_done:
+            self.late[job.job] = seq
+
+    def _end(self, job: StoreJobState) -> None:
         mine = self.live.get(job.req)
         if mine is not None:
             mine.pop(job.job, None)
@@ -248,6 +264,7 @@ class OffloadState:
     def _stop_reading(self, job: StoreJobState) -> None:
         if self.read_done.pop(job.job, None) is None:
             return
+        self.late.pop(job.job, None)
         for block in job.reads:
             self._forget(self.readers, block, job.job)
 
@@ -380,6 +397,25 @@ class OffloadState:
             self._under_a_load(seq, key, "rewritten", jobs, out)
             self.held[key] = seq
             self.evicted.pop(key, None)
+
+    def tier_promoted(
+        self, seq: int, keys: tuple[str, ...], jobs: dict[int, StoreJobState], out: Out
+    ) -> None:
+        """The tier filled chunks by its own copy: checked against the late
+        writes of the stores a cache reset discarded, then held as stored."""
+        for job_id, reset_seq in self.late.items():
+            job = jobs.get(job_id)
+            why = (
+                f"the tier promoted {len(keys)} key(s) into its chunks while store job "
+                f"{job_id}, discarded by the cache reset at seq {reset_seq}, may still "
+                "write the tier chunk it had (a late DMA): its rank(s) have neither "
+                "reported nor flushed it, and the reset released that chunk at once"
+            )
+            code = Code.PROMOTED_UNDER_LATE_WRITE
+            enqueued = job.enqueued_seq if job is not None else None
+            first = keys[0] if keys else None
+            out.append(finding(code, seq, why, reset_seq, enqueued, of=job, job=job_id, key=first))
+        self.tier_stored(seq, keys, jobs, out)
 
     def tier_evicted(
         self, seq: int, keys: tuple[str, ...], jobs: dict[int, StoreJobState], out: Out

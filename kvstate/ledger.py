@@ -113,6 +113,7 @@ class Ledger(LedgerState):
             tier.FlushDone: self._on_flush_done,
             tier.TierStored: self._on_tier_stored,
             tier.TierEvicted: self._on_tier_evicted,
+            tier.TierPromoted: self._on_tier_promoted,
             tx.KvMatched: self._on_kv_matched,
             tx.RemoteLoadStarted: self._on_remote_load,
             tx.TransferFinished: self._on_transfer_finished,
@@ -478,6 +479,9 @@ class Ledger(LedgerState):
         self._job(seq, event.kind, event.job, out)
         self.offload.tier_stored(seq, event.keys, self.jobs, out)
 
+    def _on_tier_promoted(self, seq: int, event: tier.TierPromoted, out: Out) -> None:
+        self.offload.tier_promoted(seq, event.keys, self.jobs, out)
+
     def _on_tier_evicted(self, seq: int, event: tier.TierEvicted, out: Out) -> None:
         self.offload.tier_evicted(seq, event.keys, self.jobs, out)
 
@@ -512,7 +516,7 @@ class Ledger(LedgerState):
                 drop(self.blocks, block, seq, out, f"discarding job {job.job}")
             job.released_seq = seq
             self.pinned.pop(job.job, None)
-            self.offload.discarded(job)
+            self.offload.discarded(seq, job)
 
     def _on_crashed(self, seq: int, event: ev.EngineCrashed, out: Out) -> None:
         self.crashes.append(seq)

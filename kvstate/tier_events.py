@@ -62,6 +62,15 @@ class TierStored(Event, frozen=True):
     keys: Strings
 
 
+@_kind("tier_promoted", SIDE_SCHEDULER)
+class TierPromoted(Event, frozen=True):
+    """The tier holds ``keys`` by a copy of its own from a lower tier (a
+    promotion): no worker wrote them, so no flush orders that copy after a
+    worker's. From now on a load may read them."""
+
+    keys: Strings
+
+
 @_kind("tier_evicted", SIDE_SCHEDULER)
 class TierEvicted(Event, frozen=True):
     """The tier dropped ``keys`` to make room: a load may no longer read them."""

@@ -50,6 +50,7 @@ class Code(str, enum.Enum):
     UNFLUSHED_REUSE = "UNFLUSHED_REUSE"
     TIER_READ_STALE = "TIER_READ_STALE"
     STORE_CURSOR_PAST_TABLE = "STORE_CURSOR_PAST_TABLE"
+    PROMOTED_UNDER_LATE_WRITE = "PROMOTED_UNDER_LATE_WRITE"
     # -- additions for the lifecycle at vLLM's connector boundary (kvstate.transfer_events) --
     DELAYED_FREE_REUSED = "DELAYED_FREE_REUSED"
     LOAD_TARGET_RELEASED = "LOAD_TARGET_RELEASED"
@@ -418,6 +419,13 @@ class ResumeAppendedError(InvariantViolation):
     """A resumed incarnation's first table appended, not replaced (vLLM #46595)."""
 
     code = Code.RESUME_APPENDED
+
+
+class PromotedUnderLateWriteError(InvariantViolation):
+    """A promotion filled the tier while a store a cache reset discarded may
+    still write its released chunk (vLLM 0.33.0's reset fence)."""
+
+    code = Code.PROMOTED_UNDER_LATE_WRITE
 
 
 EXCEPTIONS: dict[Code, type[InvariantViolation]] = {

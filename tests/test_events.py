@@ -89,6 +89,7 @@ EXAMPLES["key_loaded"] = {"req": "r1", "gen": 0, "key": "k1", "digest": "9f2c"}
 EXAMPLES["record_refused"] = {"refused": "blocks_assigned", "error": "'blocks' must be ..."}
 #: additions for connectors that load as well as store (kvstate.tier_events)
 ADDED_KINDS |= {"load_enqueued", "flush_requested", "flush_done", "tier_stored", "tier_evicted"}
+ADDED_KINDS |= {"tier_promoted"}
 EXAMPLES["load_enqueued"] = {
     "job": 4,
     "req": "r",
@@ -101,6 +102,7 @@ EXAMPLES["flush_requested"] = {"jobs": [3]}
 EXAMPLES["flush_done"] = {"jobs": [3]}
 EXAMPLES["tier_stored"] = {"job": 3, "keys": ["k1", "k2"]}
 EXAMPLES["tier_evicted"] = {"keys": ["k1"]}
+EXAMPLES["tier_promoted"] = {"keys": ["k1"]}
 #: the observer's own end of a journal it cannot go on with (kvstate.vllm)
 ADDED_KINDS |= {"observer_stood_down"}
 EXAMPLES["observer_stood_down"] = {"reason": "the scheduler output is a SimpleNamespace"}
