@@ -37,7 +37,15 @@ mock, a request whose chunks another request's stores evict while it is
 preempted, resumed with nothing to load. As released, its first store
 after the resume starts past the chunks it computed again
 (STORE_CURSOR_PAST_TABLE); with the PR's rewind it stores them, clean.
-Marked ``vllm``.
+
+For the cache reset's fence (vLLM 0.33.0, ``_reset_fence``): vLLM's own
+tiering manager (a CPU tier and the example secondary tier) in place of
+the mock; a store in flight, its copy held, when ``reset_prefix_cache``
+resets the connector; then a prompt the secondary tier holds. On 0.32.0
+the lookup promotes it at once, while the discarded store's worker may
+still write the chunk the reset released (PROMOTED_UNDER_LATE_WRITE at
+that ``tier_promoted``); 0.33.0 holds the promotion until the workers
+reported the flushed store, and the journal replays clean. Marked ``vllm``.
 """
 
 from __future__ import annotations
@@ -158,3 +166,26 @@ def test_the_stale_store_cursor_of_vllm_52211_in_vllm_0_32_0(tmp_path: Path) -> 
     resumed = next(e.seq for e in records if e.event.kind == "request_resumed")
     first = next(e.event for e in records if e.seq > resumed and e.event.kind == "job_enqueued")
     assert first.parent is None  # the rewound cursor stores from the first chunk
+
+
+@pytest.mark.vllm
+def test_the_cache_resets_fence_of_vllm_0_33_0(tmp_path: Path) -> None:
+    (case, before), (_, after) = history.ROWS["reset-fence"]
+    assert (before, after) == ("0.32.0", "0.33.0")
+
+    result, flagged, records = _run(tmp_path, case, before)
+    assert result["error"] is None  # nothing crashes: a late DMA corrupts silently
+    assert [v.code.value for v in flagged.violations] == ["PROMOTED_UNDER_LATE_WRITE"]
+    v = flagged.violations[0]
+    events = {e.seq: e.event for e in records}
+    assert events[v.seq].kind == "tier_promoted"
+    enqueued, reset = (events[s] for s in v.chain)
+    assert enqueued.kind == "job_enqueued" and enqueued.job == v.job
+    assert reset.kind == "cache_reset" and v.job in reset.jobs
+
+    result, fenced, records = _run(tmp_path, case, after)
+    assert result["vllm"] == "0.33.0" and result["error"] is None
+    assert fenced.violations == [] and fenced.exit_status == 0, fenced.violations
+    kinds = [e.event.kind for e in records]
+    assert "cache_reset" in kinds and "tier_promoted" not in kinds  # the promotion held
+    assert kinds[-1] == "engine_idle"

@@ -51,10 +51,14 @@ class ManagerTap:
         self.manager = manager
         self._prepare_store = manager.prepare_store
         self._prepare_load = manager.prepare_load
+        self._lookup = manager.lookup
         #: (the next job id when it ran, keys to store, keys evicted, the first
         #: key to store as vLLM has it), this step
         self.stores: list[tuple[int, list[str], list[str], Any]] = []
         self.last_load: list[str] = []
+        #: keys a lookup found still being written into the tier, this step (a
+        #: tiering manager answers so where it has just begun a promotion)
+        self.pending: dict[str, None] = {}
 
     @classmethod
     def attach(cls, sched: Any) -> ManagerTap | None:
@@ -66,6 +70,7 @@ class ManagerTap:
         try:
             manager.prepare_store = tap.prepare_store
             manager.prepare_load = tap.prepare_load
+            manager.lookup = tap.lookup
         except AttributeError:  # a manager with __slots__: observed without keys
             return None
         return tap
@@ -86,6 +91,14 @@ class ManagerTap:
     def prepare_load(self, keys: Any, *args: Any, **kwargs: Any) -> Any:
         self.last_load = [hex_of(k) for k in keys]
         return self._prepare_load(keys, *args, **kwargs)
+
+    def lookup(self, key: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self._lookup(key, *args, **kwargs)
+        # HIT_PENDING: the key is being written into the tier, by a store job
+        # or (vLLM's tiering manager, the lookup that began it) a promotion
+        if getattr(result, "name", None) == "HIT_PENDING":
+            self.pending[hex_of(key)] = None
+        return result
 
 
 def _parent(status: Any, first: Any) -> str | None:
@@ -187,11 +200,16 @@ class OffloadingSchedulerObserver(SchedulerObserver):
                 int(getattr(state, "num_locally_computed_tokens", computed)) if state else computed
             )
 
+        tap = tap_of(sched)
+        if tap is not None and tap.pending:
+            # before the step's flushes reach the workers: a promotion begun
+            # while a store the last cache reset discarded may still write
+            # its released chunk is PROMOTED_UNDER_LATE_WRITE
+            self._promoted(tap)
         restarted, _ = self.record_requests(out, local)
         if meta.load_jobs:
             for job in sorted(meta.load_jobs):
                 self._load(job, meta.load_jobs[job], restarted)
-        tap = tap_of(sched)
         if tap is not None and tap.stores:
             stores, tap.stores = tap.stores, []
             self._stores(meta.store_jobs, stores, status)
@@ -202,7 +220,10 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             late = sorted(j for j in flush if j in keys and j not in first)
             if late:
                 self._record(tier.FlushRequested(jobs=tuple(late)))
-            self.met_in_flight += sum(1 for j in flush if j not in keys)
+            # a job the last cache reset discarded is flushed too (vLLM flushes
+            # every job in flight at a reset): known, not begun before the journal
+            gone = self.discarded
+            self.met_in_flight += sum(1 for j in flush if j not in keys and j not in gone)
             self._flush_first = ()
         meta._kvstate_step = self.step
         # What the ranks' tier audit needs of this step's jobs (a job of a
@@ -285,6 +306,16 @@ class OffloadingSchedulerObserver(SchedulerObserver):
                 world_size=self.world_size,
             )
         )
+
+    def _promoted(self, tap: ManagerTap) -> None:
+        """The keys being written into the tier that no live store job writes
+        and the tier did not hold: the tier's own copies (promotions)."""
+        pending, tap.pending = tap.pending, {}
+        storing = {k for keys in self.keys.values() for k in keys}
+        promoted = tuple(k for k in pending if k not in self.tier and k not in storing)
+        if promoted:
+            self._record(tier.TierPromoted(keys=promoted))
+            self.tier.update(dict.fromkeys(promoted))
 
     def _store(self, job: int, transfer: Any, stored: list[str], parent: str | None) -> None:
         req = transfer.req_id

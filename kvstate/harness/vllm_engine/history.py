@@ -29,12 +29,15 @@ from kvstate.harness.vllm_engine import overlay, upstream, venvs
 BASE = overlay.BASE
 #: the upstream fix -> ((case, release) without it, (case, release) with it):
 #: the last release before the fix and the first after, where one exists;
-#: vLLM #52211 was never merged, so its "with" is 0.32.0 with the PR's change
+#: vLLM #52211 was never merged, so its "with" is 0.32.0 with the PR's change;
+#: the cache reset's fence came with no PR of its own this names: the last
+#: release without it (0.32.0) and the first with it (0.33.0)
 ROWS = {
     "29870": (("unflushed-preemption", "0.13.0"), ("unflushed-preemption", "0.14.0")),
     "39186": (("acknowledged-after-resume", "0.20.0"), ("acknowledged-after-resume", "0.21.0")),
     "46014": (("load-under-store", "0.23.0"), ("load-under-store", "0.24.0")),
     "52211": (("stale-store-cursor", "0.32.0"), ("rewound-store-cursor", "0.32.0")),
+    "reset-fence": (("reset-late-write", "0.32.0"), ("reset-late-write", "0.33.0")),
 }
 MARKER = ".kvstate-history"
 #: what the cases need of the release's source distribution: the offloading
@@ -145,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{case} on vLLM {release}: {exc}", file=sys.stderr)
                 return 1
             ended = result["error"] or "no error"
-            print(f"vLLM #{fix}: {case} on {release}: {ended}; kvstate replay {journals}")
+            name = f"vLLM #{fix}" if fix.isdigit() else fix
+            print(f"{name}: {case} on {release}: {ended}; kvstate replay {journals}")
     return 0
 
 

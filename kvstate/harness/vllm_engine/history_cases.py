@@ -323,12 +323,86 @@ def rewound_store_cursor() -> None:
     stale_store_cursor()
 
 
+def _tiering_manager() -> Any:
+    """vLLM's own tiering manager: a CPU primary tier and the example
+    secondary tier, which the primary's chunks cascade into and are promoted
+    back from."""
+    import torch
+    from tests.v1.kv_connector.unit.utils import create_vllm_config
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
+        build_offloading_config,
+    )
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    config = create_vllm_config(
+        block_size=BLOCK_SIZE, max_num_batched_tokens=16, disable_hybrid_kv_cache_manager=False
+    )
+    extra = {
+        "spec_name": "TieringOffloadingSpec",
+        "cpu_bytes_to_use": 1 << 20,
+        "secondary_tiers": [{"type": "example"}],
+    }
+    config.kv_transfer_config = KVTransferConfig(
+        kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config=extra
+    )
+    layer = FullAttentionSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+    kv = KVCacheConfig(
+        num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], layer)]
+    )
+    config.cache_config.num_gpu_blocks = 64
+    return TieringOffloadingSpec(build_offloading_config(config, kv)).get_manager()
+
+
+def reset_late_write() -> None:
+    """vLLM 0.33.0's reset fence: a cache reset discards a store its worker
+    still copies, and releases its tier chunk at once.
+
+    Request A's prompt is stored and cascades to the secondary tier; request
+    B's store is in flight (its copy held) when ``reset_prefix_cache``
+    resets the connector. A's prompt comes again: the primary tier is
+    empty, the secondary holds it, and the lookup promotes it. On 0.32.0
+    the promotion begins at once, while B's worker may still write the
+    chunk the reset released; 0.33.0 holds it until the workers reported
+    every job the reset flushed.
+    """
+    from vllm.v1.request import RequestStatus
+
+    runner = _runner(BLOCK_SIZE, 100)
+    runner.connector_scheduler.manager = _tiering_manager()
+    engine = Engine(runner)
+    prompt = [1] * BLOCK_SIZE * 2
+    runner.new_request(token_ids=prompt)  # A
+    for _ in range(4):
+        engine.step(complete=True)
+    runner.scheduler.finish_requests(str(runner.req_id), RequestStatus.FINISHED_ABORTED)
+    for _ in range(4):  # A's chunks cascade to the secondary tier
+        engine.step(complete=True)
+    runner.new_request(token_ids=[2] * BLOCK_SIZE * 2)  # B
+    engine.step()
+    engine.step()  # its store built, its copy held
+    runner.scheduler.finish_requests(str(runner.req_id), RequestStatus.FINISHED_ABORTED)
+    engine.step()
+    if not runner.scheduler.reset_prefix_cache(reset_connector=True):
+        raise RuntimeError("the prefix cache could not be reset")
+    runner.new_request(token_ids=prompt)  # A's prompt again
+    for _ in range(BLOCK_SIZE):  # the lookup promotes it (0.32.0 at once)
+        engine.step()
+    for _ in range(2 * BLOCK_SIZE):
+        engine.step(complete=True)
+    engine.settle()
+
+
 CASES: dict[str, Callable[[], None]] = {
     "unflushed-preemption": unflushed_preemption,
     "acknowledged-after-resume": acknowledged_after_resume,
     "load-under-store": load_under_store,
     "stale-store-cursor": stale_store_cursor,
     "rewound-store-cursor": rewound_store_cursor,
+    "reset-late-write": reset_late_write,
 }
 
 
