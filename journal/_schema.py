@@ -48,6 +48,14 @@ def register_functions(conn: sqlite3.Connection) -> None:
 
 def create(conn: sqlite3.Connection) -> None:
     """Create the schema in an empty database (idempotent)."""
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if TABLE in tables and "schema_version" in tables:
+        # A journal that exists (a writer process opens the one its engine
+        # created): its tables are not made again, so sqlite-utils, and the
+        # numpy it imports where installed (0.2 s of CPU at the writer's
+        # start), are not loaded.
+        conn.executescript(_TRIGGERS)
+        return
     import sqlite_utils  # only writers need it; it pulls in numpy when installed
 
     db = sqlite_utils.Database(conn)

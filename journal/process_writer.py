@@ -105,8 +105,21 @@ class ProcessWriter(Buffered[T], Generic[T]):
         self._process: subprocess.Popen[bytes] | None = None
         _OPEN.add(self)
 
+    def start(self) -> None:
+        """Start the writer process now rather than at the first commit, and
+        wait until it is ready (it answers an empty frame): its start-up, an
+        interpreter and its imports (about 0.3 s of CPU), then falls where
+        the caller chooses, not beside its first commits. The batch being
+        built is not sent."""
+        if self._closed:
+            raise self._closed_error()
+        with self._lock:
+            if self._process is not None:
+                return
+        self._wait_for(self._send(WAIT, batch=False))
+
     def _start(self) -> subprocess.Popen[bytes]:
-        """Start the writer process (at the first frame)."""
+        """Start the writer process (at the first frame, unless :meth:`start` did)."""
         arg = self._codec_arg if isinstance(self._codec_arg, str) else self._codec_arg()
         env = dict(os.environ)
         # the writer imports the codec from where the engine found it
@@ -171,8 +184,9 @@ class ProcessWriter(Buffered[T], Generic[T]):
 
     # -- the pipe ----------------------------------------------------------------
 
-    def _send(self, flags: int) -> int:
-        """Hand the current batch over as one frame; returns its ticket.
+    def _send(self, flags: int, *, batch: bool = True) -> int:
+        """Hand the current batch over as one frame (an empty frame where
+        ``batch`` is false); returns its ticket.
 
         A signal handler may raise at any call in here (see ``_HELD``). All
         that can be interrupted, encoding included, happens while the batch
@@ -184,17 +198,18 @@ class ProcessWriter(Buffered[T], Generic[T]):
         landed in the encoder: a gap in the journal's seqs.)
         """
         with self._lock:
-            batch = self._buffer
-            if not batch and not flags:
+            items = self._buffer if batch else []
+            if not items and not flags:
                 return self._submitted
             process = self._process if self._process is not None else self._start()
-            blob = self._encode(batch) if batch else b""
+            blob = self._encode(items) if items else b""
             ticket = self._submitted + 1
             frame = memoryview(FRAME.pack(ticket, len(blob), flags) + blob)
             before = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # the caller's mask
             try:
                 signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
-                self._buffer = []
+                if batch:
+                    self._buffer = []
                 self._submitted = ticket
                 while frame:
                     frame = frame[os.write(self._out, frame) :]

@@ -396,6 +396,15 @@ class Recorder:
         of them (``auditor.omitted`` counts the rest; replay lists them all)."""
         return self.auditor.violations
 
+    def start_writer(self) -> None:
+        """Start the writer process now, where there is one (see
+        :meth:`journal.ProcessWriter.start`); else nothing. Call it once the
+        ledgers that record here are attached: the process learns at its start
+        whether it folds."""
+        start = getattr(self.writer, "start", None)
+        if start is not None:
+            start()
+
     def commit(self, *, wait: bool = True, settle: bool = False) -> None:
         """End a group commit (an engine step): the batch goes to disk as one transaction.
 

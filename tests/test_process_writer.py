@@ -100,6 +100,30 @@ def test_a_write_error_in_the_writer_process_reaches_the_engine(tmp_path: Path) 
     assert [e.seq for e in _stored(path)] == [1]
 
 
+def test_start_readies_the_writer_process_and_sends_nothing_built(tmp_path: Path) -> None:
+    # Started with the journal (kvstate.vllm opens its journals while vLLM
+    # builds the engine), the process's start-up is over before the first
+    # commit; what was appended meanwhile goes with that commit, not before.
+    path = tmp_path / "j.db"
+    Journal(path).close()
+    writer: ProcessWriter[Entry] = ProcessWriter(
+        path, encode_batch, "kvstate.writer_codec:BatchCodec"
+    )
+    writer.append(Entry(1, 0, None, ev.EngineIdle()))
+    assert writer.pid is None
+    writer.start()
+    pid = writer.pid
+    assert pid is not None and writer._process.poll() is None  # running, and it answered
+    assert _stored(path) == []  # the record being built was not sent
+    writer.start()  # a second start is nothing
+    assert writer.pid == pid
+    writer.commit()
+    assert [e.seq for e in _stored(path)] == [1]
+    writer.close()
+    with pytest.raises(JournalError):
+        writer.start()
+
+
 def test_a_record_the_decoder_refuses_is_written_as_record_refused(tmp_path: Path) -> None:
     # Building an event does not validate it; the writer writes, at its seq,
     # what it refused and why, so every reader can go past it.

@@ -245,4 +245,9 @@ def open_journal(
     )
     if scheduler:
         recorder.auditor.attach_scheduler()
+    # The writer process starts with the journal, while vLLM builds its
+    # engine: started at the first commit, its interpreter and imports (about
+    # 0.3 s of CPU each) landed in the engine's first steps, on cores the
+    # forward pass uses (the benchmark's journal on / off, docs/vllm.md).
+    recorder.start_writer()
     return recorder

@@ -55,6 +55,10 @@ class SchedulerHooks:
     def init(self, original: Any, sched: Any, vllm_config: Any, *args: Any, **kw: Any) -> None:
         sched.__dict__["_kvstate_config"] = vllm_config
         original(sched, vllm_config, *args, **kw)
+        # The journal (and its writer process) opens with the engine, not in
+        # its first step; a scheduler a test makes with object.__new__ still
+        # gets one on first use.
+        self.observer(sched)
 
     def build_connector_meta(self, original: Any, sched: Any, scheduler_output: Any) -> Any:
         observer = self.observer(sched)
@@ -126,8 +130,10 @@ class WorkerHooks:
             config, f"worker-{rank}", thread.block_size, _world_size(config)
         )
         memory = thread.__dict__.get("_kvstate_memory")  # its KV tensors (register_kv_caches)
-        fingerprint = self.process.fingerprint
-        return WorkerObserver(recorder, rank=rank, fingerprint=fingerprint, memory=memory)
+        fingerprint, every = self.process.fingerprint, self.process.fingerprint_every
+        return WorkerObserver(
+            recorder, rank=rank, fingerprint=fingerprint, every=every, memory=memory
+        )
 
     def patch(self) -> None:
         worker = self.connector.cls("worker", "MooncakeStoreWorker")
