@@ -70,16 +70,16 @@ def test_memory_not_on_the_host_is_read_through_torch_never_raw(
         _fingerprint.of_segments(memory, *_block(cache, 3))
 
 
-def _rank(memory: KvMemory | None) -> WorkerObserver:
+def _rank(memory: KvMemory | None, every: int = 1) -> WorkerObserver:
     recorder = Recorder.in_memory(block_size=16, world_size=1)
-    return WorkerObserver(recorder, rank=0, fingerprint=True, memory=memory)
+    return WorkerObserver(recorder, rank=0, fingerprint=True, every=every, memory=memory)
 
 
-def _received(observer: WorkerObserver, cache: object) -> None:
+def _received(observer: WorkerObserver, cache: object, job: int = 0) -> None:
     db = SimpleNamespace(prepare_value_for_block=lambda block: _block(cache, block))
     thread = SimpleNamespace(token_databases=[db], block_size=16)
     meta = SimpleNamespace(
-        _kvstate_job=0, _kvstate_gen=0, req_id="r", token_len_chunk=48, block_ids=[[1, 2, 3]]
+        _kvstate_job=job, _kvstate_gen=0, req_id="r", token_len_chunk=48, block_ids=[[1, 2, 3]]
     )
     observer.received(thread, meta)
 
@@ -106,6 +106,24 @@ def test_a_rank_on_the_host_fingerprints_each_block_of_the_job() -> None:
         i: _fingerprint.of_bytes(cache[b].numpy().tobytes())  # type: ignore[index]
         for i, b in enumerate([1, 2, 3])
     }
+
+
+def test_a_sampled_audit_fingerprints_the_jobs_whose_id_the_sample_divides() -> None:
+    # install()'s default: one store job in eight; a job outside the sample
+    # reads no block at all
+    cache = _cache("cpu")
+    observer = _rank(KvMemory([cache]), every=8)
+    for job in range(17):
+        _received(observer, cache, job)
+    assert sorted(observer.requested) == [0, 8, 16]
+    assert observer.fingerprint  # the audit is on; the others were never read
+
+
+def test_a_sample_of_zero_is_refused() -> None:
+    from kvstate.vllm import _install
+
+    with pytest.raises(ValueError, match="fingerprint_every must be 1 or more"):
+        _install.install(fingerprint_every=0)
 
 
 def test_a_rank_whose_tensors_were_never_seen_reads_nothing(

@@ -34,7 +34,7 @@ import threading
 
 from kvstate.recorder import Recorder
 
-INTERVAL = 0.05
+INTERVAL = 0.2
 MAX_RECORDS = 1024
 
 _log = logging.getLogger("kvstate.vllm")

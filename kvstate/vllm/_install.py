@@ -36,7 +36,10 @@ def installed() -> Connector | None:
 
 
 def install(
-    journal_dir: str | os.PathLike[str] | None = None, *, fingerprint: bool | None = None
+    journal_dir: str | os.PathLike[str] | None = None,
+    *,
+    fingerprint: bool | None = None,
+    fingerprint_every: int | None = None,
 ) -> Connector:
     """Journal every vLLM connector of this process from now on.
 
@@ -44,7 +47,8 @@ def install(
     and the OffloadingConnector in depth, and every other connector object
     at vLLM's connector boundary (:mod:`kvstate.vllm.generic`).
     ``fingerprint`` (default on) hashes each saved block when the save is
-    requested and again when the put reads it. Idempotent: a later call
+    requested and again when the put reads it, for one store job in
+    ``fingerprint_every`` (default 8; 1 audits every job). Idempotent: a later call
     changes only what it names. A family whose classes have a shape its
     adapter does not know is left alone, with a warning naming what it lacks
     (it writes no journal, never an incomplete one). Raises
@@ -56,6 +60,10 @@ def install(
             _journals.chosen_dir = Path(journal_dir)
         if fingerprint is not None:  # a later bare install() keeps the choice
             process.fingerprint = fingerprint
+        if fingerprint_every is not None:
+            if isinstance(fingerprint_every, bool) or fingerprint_every < 1:
+                raise ValueError(f"fingerprint_every must be 1 or more, not {fingerprint_every!r}")
+            process.fingerprint_every = fingerprint_every
         process.ended = False  # observe again (after a finish(), new journals)
         for key in [k for k, made in process.by_key.items() if made is False]:
             del process.by_key[key]  # what could not be made is tried again

@@ -13,6 +13,8 @@ With fingerprints on, the rank hashes each job's blocks when the save is
 requested and again right before the put reads them; the two agree unless
 the blocks changed hands in between (a poisoned read, proven by bytes). The
 store's copy is audited at the end against the request-time fingerprint.
+One job in ``every`` is fingerprinted (its id divisible by it); the keys
+the others put are neither read back nor compared when loaded.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class WorkerObserver:
         *,
         rank: int,
         fingerprint: bool,
+        every: int = 1,
         memory: KvMemory | None = None,
     ) -> None:
         self.recorder = recorder
@@ -98,6 +101,8 @@ class WorkerObserver:
         #: the KV cache tensors the rank registered, read for fingerprints
         self.memory = memory
         self.fingerprint = fingerprint
+        #: the sample: store jobs whose id this divides are fingerprinted
+        self.every = every
         if fingerprint and memory is None:
             self._no_fingerprints("the KV cache tensors were not seen registered")
         self.step = 0
@@ -109,6 +114,9 @@ class WorkerObserver:
         self.requested: dict[int, dict[int, str]] = {}
         #: key -> (job, full store key, digest at request time) of the put that wrote it
         self.written: dict[str, tuple[int, str, str]] = {}
+        #: keys put by jobs outside the sample: a load of one is not compared
+        #: (nor taken for another engine's key)
+        self.unsampled: set[str] = set()
         #: req -> newest generation this rank received a job of
         self.newest: dict[str, int] = {}
         self.preempting: dict[str, int] = {}
@@ -173,7 +181,7 @@ class WorkerObserver:
             self.newest[meta.req_id] = gen
         self._record(ev.JobReceived(job=job, rank=self.rank))
         self.unreported.add(job)
-        if self.fingerprint:
+        if self.fingerprint and job % self.every == 0:
             self.requested[job] = self._fingerprint_blocks(thread, meta)
 
     def _fingerprint_blocks(self, thread: Any, meta: Any) -> dict[int, str]:
@@ -269,9 +277,12 @@ class WorkerObserver:
         self._record(ev.DmaStarted(job=run.id, rank=self.rank, blocks=tuple(blocks)))
         digest = expected = None
         now = []
-        if self.fingerprint:
+        sampled = run.id % self.every == 0
+        if self.fingerprint and not sampled:
+            self.unsampled.update(_key_hex(k) for k in keys)
+        elif self.fingerprint:
             now = [self._digest(a, z) for a, z in zip(addrs, sizes, strict=True)]
-        if self.fingerprint and None not in now:
+        if self.fingerprint and sampled and None not in now:
             requested = self.requested.get(run.id, {})
             before = [requested.get(c, "") if c is not None else "" for c in chunks]
             digest = _fingerprint.combine(d for d in now if d is not None)
@@ -313,6 +324,8 @@ class WorkerObserver:
             if code < 0:
                 continue
             name = _key_hex(key)
+            if name in self.unsampled:
+                continue  # this rank put it outside the sample: nothing to compare
             wrote = self.written.get(name)
             digest = self._digest(a, z)
             if digest is None:

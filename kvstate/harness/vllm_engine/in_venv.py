@@ -166,7 +166,12 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                     connector=cfg.get("connector", "mooncake"),
                 )[0]
             else:
-                kvstate.vllm.install(cfg["journal_dir"], fingerprint=cfg.get("fingerprint", True))
+                kvstate.vllm.install(
+                    cfg["journal_dir"],
+                    fingerprint=cfg.get("fingerprint", True),
+                    # the demos and tests audit every job; the benchmark, the default sample
+                    fingerprint_every=cfg.get("fingerprint_every", 1),
+                )
         if cfg.get("put_delay", 0) > 0 and not offloading:
             _slow_puts(float(cfg["put_delay"]), progress)
 
