@@ -310,6 +310,9 @@ class OffloadingSchedulerObserver(SchedulerObserver):
     def _promoted(self, tap: ManagerTap) -> None:
         """The keys being written into the tier that no live store job writes
         and the tier did not hold: the tier's own copies (promotions)."""
+        # A lookup on another thread (a tiering manager's asynchronous
+        # lookups) may land in the dict taken here after the swap: that
+        # promotion goes unjournaled (a check missed), never a false finding.
         pending, tap.pending = tap.pending, {}
         storing = {k for keys in self.keys.values() for k in keys}
         promoted = tuple(k for k in pending if k not in self.tier and k not in storing)
