@@ -108,7 +108,8 @@ class OffloadState:
     #: skips a key another store is already writing, as one the tier holds
     storing: dict[str, dict[int, None]] = attrs.Factory(dict)
     #: store job a cache reset discarded -> the reset's seq, while it may still
-    #: copy into its released tier chunk on some rank
+    #: copy into its released tier chunk on some rank and no promotion was
+    #: flagged against it yet
     late: dict[int, int] = attrs.Factory(dict)
 
     def copy(self) -> OffloadState:
@@ -403,7 +404,10 @@ class OffloadState:
     ) -> None:
         """The tier filled chunks by its own copy: checked against the late
         writes of the stores a cache reset discarded, then held as stored."""
-        for job_id, reset_seq in self.late.items():
+        # once per discarded store, as UNFLUSHED_REUSE is: its later
+        # promotions race the same late write
+        flagged, self.late = self.late, {}
+        for job_id, reset_seq in flagged.items():
             job = jobs.get(job_id)
             why = (
                 f"the tier promoted {len(keys)} key(s) into its chunks while store job "

@@ -83,12 +83,15 @@ def test_a_killed_engine_loses_nothing_it_handed_over(tmp_path: Path) -> None:
     assert result.violations[-1].code == "CRASH"  # (the jobs were never enqueued: CAUSALITY)
 
 
-def test_a_write_error_in_the_writer_process_reaches_the_engine(tmp_path: Path) -> None:
+def _writer(tmp_path: Path) -> tuple[Path, ProcessWriter[Entry]]:
+    """A new journal and a writer process for it (not started yet)."""
     path = tmp_path / "j.db"
     Journal(path).close()
-    writer: ProcessWriter[Entry] = ProcessWriter(
-        path, encode_batch, "kvstate.writer_codec:BatchCodec"
-    )
+    return path, ProcessWriter(path, encode_batch, "kvstate.writer_codec:BatchCodec")
+
+
+def test_a_write_error_in_the_writer_process_reaches_the_engine(tmp_path: Path) -> None:
+    path, writer = _writer(tmp_path)
     writer.append(Entry(1, 0, None, ev.EngineIdle()))
     writer.commit()
     writer.append(Entry(1, 0, None, ev.EngineIdle()))  # seq 1 again
@@ -104,11 +107,7 @@ def test_start_readies_the_writer_process_and_sends_nothing_built(tmp_path: Path
     # Started with the journal (kvstate.vllm opens its journals while vLLM
     # builds the engine), the process's start-up is over before the first
     # commit; what was appended meanwhile goes with that commit, not before.
-    path = tmp_path / "j.db"
-    Journal(path).close()
-    writer: ProcessWriter[Entry] = ProcessWriter(
-        path, encode_batch, "kvstate.writer_codec:BatchCodec"
-    )
+    path, writer = _writer(tmp_path)
     writer.append(Entry(1, 0, None, ev.EngineIdle()))
     assert writer.pid is None
     writer.start()

@@ -314,8 +314,11 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         # lookups) may land in the dict taken here after the swap: that
         # promotion goes unjournaled (a check missed), never a false finding.
         pending, tap.pending = tap.pending, {}
+        new = [k for k in pending if k not in self.tier]
+        if not new:  # a promotion journaled already, looked up again while it copies
+            return
         storing = {k for keys in self.keys.values() for k in keys}
-        promoted = tuple(k for k in pending if k not in self.tier and k not in storing)
+        promoted = tuple(k for k in new if k not in storing)
         if promoted:
             self._record(tier.TierPromoted(keys=promoted))
             self.tier.update(dict.fromkeys(promoted))
