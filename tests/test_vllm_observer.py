@@ -18,9 +18,9 @@ import pytest
 
 from kvstate.vllm import _install, _journals
 from kvstate.vllm._compat import Connector
-from kvstate.vllm._mooncake import SchedulerHooks, WorkerHooks
 from kvstate.vllm._process import ObservedProcess
 from kvstate.vllm.adapter import Adapter
+from kvstate.vllm.mooncake._hooks import SchedulerHooks, WorkerHooks
 from replay.runs import run_of
 
 
@@ -126,7 +126,7 @@ def test_a_journal_that_meets_lifecycles_in_flight_says_so_and_claims_nothing() 
     cannot place (no CAUSALITY, no LEAKED_PIN about a lifecycle it never saw
     begin) and ends without engine_idle, so replay says UNFINISHED."""
     from kvstate import Recorder
-    from kvstate.vllm._scheduler import SchedulerObserver
+    from kvstate.vllm._store_jobs import SchedulerObserver
     from replay.sources import Located
     from replay.verdict import fold_located
 
@@ -155,7 +155,7 @@ def test_a_journal_that_meets_lifecycles_in_flight_says_so_and_claims_nothing() 
 
 def test_a_journal_that_saw_every_lifecycle_begin_ends_idle() -> None:
     from kvstate import Recorder
-    from kvstate.vllm._scheduler import SchedulerObserver
+    from kvstate.vllm._store_jobs import SchedulerObserver
 
     rec = Recorder.in_memory(block_size=16, world_size=1)
     observer = SchedulerObserver(rec, block_size=16, world_size=1, numbering=False)
@@ -189,7 +189,7 @@ def _ends(observer_steps: list[str]) -> tuple[list[str], list[str], list[str]]:
     """Run a scheduler observer through ``observer_steps``, close it, replay the journal:
     its kinds, its violation codes, its warning codes."""
     from kvstate import Recorder
-    from kvstate.vllm._scheduler import SchedulerObserver
+    from kvstate.vllm._store_jobs import SchedulerObserver
     from replay.sources import Located
     from replay.verdict import fold_located
 

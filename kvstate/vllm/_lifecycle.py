@@ -7,7 +7,7 @@ blocks. Finishes are written when the connector's ``request_finished``
 answers, with the hold decision; the end of a held finish when the core
 frees its blocks. :class:`LifecycleObserver` is the base every connector's
 scheduler observer builds on (:mod:`kvstate.vllm.generic` for any
-connector, :mod:`kvstate.vllm._scheduler` for the Mooncake store's jobs):
+connector, :mod:`kvstate.vllm._store_jobs` for the Mooncake store's jobs):
 one record per transition in one journal.
 """
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from kvstate import events as ev
 from kvstate.errors import RefusedValueError
-from kvstate.vllm import _fingerprint, _journals
+from kvstate.vllm import _journals
 from kvstate.vllm._compat import Connector
 from kvstate.vllm._lifecycle import LifecycleObserver
 from kvstate.vllm._patches import Patches
@@ -39,7 +39,7 @@ class ObservedProcess:
         self.patches = Patches()
         self.fingerprint = True
         #: one store job in this many is fingerprinted (install(fingerprint_every=))
-        self.fingerprint_every = _fingerprint.SAMPLE_EVERY
+        self.fingerprint_every: int | None = None
         #: the adapters install() patched, and the connector classes they claim
         self.adapters: list[Any] = []
         self.claimed: tuple[type, ...] = ()

@@ -15,8 +15,8 @@ from kvstate.vllm.adapter import Adapter
 
 #: name -> "module:class" of its adapter (imported only when install() runs)
 ADAPTERS: dict[str, str] = {
-    "mooncake_store": "kvstate.vllm._mooncake_adapter:MooncakeStoreAdapter",
-    "offloading": "kvstate.vllm._offloading_adapter:OffloadingAdapter",
+    "mooncake_store": "kvstate.vllm.mooncake:MooncakeStoreAdapter",
+    "offloading": "kvstate.vllm.offloading:OffloadingAdapter",
     "generic": "kvstate.vllm.generic:GenericAdapter",
 }
 

@@ -252,7 +252,7 @@ def instrument(
     ``"offloading"`` (its OffloadingConnector; there the tier manager's
     ``prepare_store`` and ``prepare_load`` are vLLM's side, and kvstate's
     side adds the tap it puts on that manager's two methods,
-    :class:`~kvstate.vllm._offloading_scheduler.ManagerTap`). The host
+    :class:`~kvstate.vllm.offloading._scheduler.ManagerTap`). The host
     tier's copies run on a thread of their own and are on neither side of
     the engine thread's split.
     """
@@ -291,7 +291,7 @@ def instrument(
         if owner in (facade, *halves) and not name.startswith("__"):
             prof.patch(owner, name, "kvstate")
     if connector == "offloading":
-        from kvstate.vllm._offloading_scheduler import ManagerTap
+        from kvstate.vllm.offloading._scheduler import ManagerTap
 
         for name in ("prepare_store", "prepare_load"):
             prof.patch(ManagerTap, name, "kvstate")
@@ -313,13 +313,13 @@ def instrument(
         from journal.process_writer import ProcessWriter
         from kvstate.recorder import Recorder
         from kvstate.vllm._process import ObservedProcess
-        from kvstate.vllm._scheduler import SchedulerObserver
-        from kvstate.vllm._worker import WorkerObserver
+        from kvstate.vllm._store_jobs import SchedulerObserver
+        from kvstate.vllm.mooncake._worker import WorkerObserver
 
         observers: list[type] = [SchedulerObserver, WorkerObserver, GroupCommit]
         if connector == "offloading":
-            from kvstate.vllm._offloading_scheduler import OffloadingSchedulerObserver
-            from kvstate.vllm._offloading_worker import OffloadingWorkerObserver
+            from kvstate.vllm.offloading._scheduler import OffloadingSchedulerObserver
+            from kvstate.vllm.offloading._worker import OffloadingWorkerObserver
 
             observers += [OffloadingSchedulerObserver, OffloadingWorkerObserver]
         for cls in observers:
@@ -365,7 +365,7 @@ def _connector_classes(connector: str) -> list[type]:
             OffloadingConnector,
         )
 
-        from kvstate.vllm import _offloading
+        from kvstate.vllm.offloading import _hooks as _offloading
 
         halves = _offloading.classes()
         if halves is None:

@@ -148,7 +148,7 @@ class HostTierWorker(OffloadingWorker):
             self._cond.notify_all()
         self._thread.join()
 
-    # -- read back, for kvstate's tier audit (kvstate.vllm._tier_audit) -------------------
+    # -- read back, for the tier audit (kvstate.vllm.offloading._tier_audit) ---------
 
     @property
     def blocks_per_chunk(self) -> int:

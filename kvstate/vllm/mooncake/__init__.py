@@ -1,7 +1,7 @@
 """vLLM's MooncakeStoreConnector as an :class:`~kvstate.vllm.adapter.Adapter`.
 
 Its shapes are :mod:`kvstate.vllm._compat`'s, its hooks
-:mod:`kvstate.vllm._mooncake`'s: a scheduler half journaling the store jobs
+:mod:`kvstate.vllm.mooncake._hooks`'s: a scheduler half journaling the store jobs
 and their pins on top of the requests' lifecycle, a worker half journaling
 each rank's puts and gets.
 """
@@ -12,8 +12,8 @@ import importlib.util
 from typing import Any
 
 from kvstate.vllm._compat import STORE, Connector, UnsupportedVLLMError, detect
-from kvstate.vllm._mooncake import SchedulerHooks, WorkerHooks
 from kvstate.vllm.adapter import Adapter, Unrecognised
+from kvstate.vllm.mooncake._hooks import SchedulerHooks, WorkerHooks
 
 
 class MooncakeStoreAdapter(Adapter):

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvstate import events as ev
-from kvstate.vllm._offloading_scheduler import specs
+from kvstate.vllm.offloading._scheduler import specs
 
 #: one block of a job: (key, device block, tier chunk, the block's place in the chunk)
 Row = tuple[str, int, int, int]

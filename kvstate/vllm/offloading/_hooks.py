@@ -36,12 +36,12 @@ import types
 from typing import Any
 
 from kvstate import tier_events as tier
-from kvstate.vllm._offloading_scheduler import OffloadingSchedulerObserver, tap_of
-from kvstate.vllm._offloading_worker import OffloadingWorkerObserver
 from kvstate.vllm._process import ObservedProcess, _world_size
 from kvstate.vllm._shapes import Shapes
 from kvstate.vllm._stand_down import stand_down
-from kvstate.vllm._tier_audit import TierAudit
+from kvstate.vllm.offloading._scheduler import OffloadingSchedulerObserver, tap_of
+from kvstate.vllm.offloading._tier_audit import TierAudit
+from kvstate.vllm.offloading._worker import OffloadingWorkerObserver
 
 PACKAGE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading"
 #: (module, class, methods) the observer hooks or reads

@@ -1,4 +1,4 @@
-"""One rank of vLLM's OffloadingConnector, journaled (see :mod:`kvstate.vllm._offloading`)."""
+"""One rank of vLLM's OffloadingConnector, journaled (see :mod:`kvstate.vllm.offloading._hooks`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from kvstate import events as ev
 from kvstate import tier_events as tier
 from kvstate.recorder import Recorder
 from kvstate.vllm._commit import GroupCommit
-from kvstate.vllm._tier_audit import TierAudit
+from kvstate.vllm.offloading._tier_audit import TierAudit
 
 
 class OffloadingWorkerObserver:
@@ -42,7 +42,7 @@ class OffloadingWorkerObserver:
     def _record(self, event: ev.Event) -> None:
         self.recorder.record(event, self.step)
 
-    # -- around vLLM's calls (what :class:`~kvstate.vllm._offloading.OffloadingHooks` calls)
+    # -- around vLLM's calls (what :class:`~kvstate.vllm.offloading._hooks.OffloadingHooks` calls)
 
     @staticmethod
     def completed(worker: Any) -> dict[int, int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 
-from kvstate.vllm._memory import KvMemory
+from kvstate.vllm.mooncake._memory import KvMemory
 
 DIGEST_SIZE = 8
 #: the fingerprint audit's default sample: the store jobs whose id this divides
@@ -26,7 +26,7 @@ SAMPLE_EVERY = 8
 def of_segments(memory: KvMemory, addrs: Sequence[int], sizes: Sequence[int]) -> str:
     """The digest of the bytes at ``addrs`` (``sizes`` long each), in order,
     read through ``memory`` (never from a raw address it does not know:
-    :class:`kvstate.vllm._memory.UnreadableMemory`)."""
+    :class:`kvstate.vllm.mooncake._memory.UnreadableMemory`)."""
     h = hashlib.blake2b(digest_size=DIGEST_SIZE)
     for segment in memory.segments(addrs, sizes):
         h.update(segment)

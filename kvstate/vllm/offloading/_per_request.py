@@ -39,11 +39,11 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from kvstate.tier_events import OFFLOADING
-from kvstate.vllm._offloading import _GROUPS, OffloadingHooks, _config
-from kvstate.vllm._offloading_scheduler import OffloadingSchedulerObserver
-from kvstate.vllm._offloading_worker import OffloadingWorkerObserver
 from kvstate.vllm._process import ObservedProcess, _world_size
 from kvstate.vllm._stand_down import stand_down
+from kvstate.vllm.offloading._hooks import _GROUPS, OffloadingHooks, _config
+from kvstate.vllm.offloading._scheduler import OffloadingSchedulerObserver
+from kvstate.vllm.offloading._worker import OffloadingWorkerObserver
 
 PACKAGE = "vllm.distributed.kv_transfer.kv_connector.v1"
 #: where each release keeps the two halves: one module until 0.14, two from 0.15

@@ -1,8 +1,8 @@
 """vLLM's OffloadingConnector as an :class:`~kvstate.vllm.adapter.Adapter`.
 
 Two shapes: per-job completion (vLLM #39186, 0.21.0 on;
-:mod:`kvstate.vllm._offloading`) and, before it, transfers named by request,
-observed through a per-job view (:mod:`kvstate.vllm._per_request`). Its
+:mod:`kvstate.vllm.offloading._hooks`) and, before it, transfers named by request,
+observed through a per-job view (:mod:`kvstate.vllm.offloading._per_request`). Its
 journals follow the offloading protocol (:mod:`kvstate.tier_events`).
 """
 
@@ -12,9 +12,10 @@ import importlib
 from typing import Any
 
 from kvstate.tier_events import OFFLOADING
-from kvstate.vllm import _offloading, _per_request
 from kvstate.vllm._compat import OFFLOADING_ONLY, vllm_version
 from kvstate.vllm.adapter import Adapter, Unrecognised
+from kvstate.vllm.offloading import _hooks as _offloading
+from kvstate.vllm.offloading import _per_request
 
 _CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector"
 

@@ -26,9 +26,9 @@ from typing import Any
 
 from kvstate import events as ev
 from kvstate.recorder import Recorder
-from kvstate.vllm import _fingerprint
 from kvstate.vllm._commit import GroupCommit
-from kvstate.vllm._memory import KvMemory, UnreadableMemory
+from kvstate.vllm.mooncake import _fingerprint
+from kvstate.vllm.mooncake._memory import KvMemory, UnreadableMemory
 
 _log = logging.getLogger("kvstate.vllm")
 
@@ -131,7 +131,7 @@ class WorkerObserver:
     def _no_fingerprints(self, why: str) -> None:
         """Turn this rank's fingerprint audit off, saying why: it reads the
         blocks' bytes only through the tensors vLLM registered
-        (kvstate.vllm._memory), never a raw address it cannot place."""
+        (kvstate.vllm.mooncake._memory), never a raw address it cannot place."""
         self.fingerprint = False
         _log.warning(
             "rank %d of %s: fingerprint audit off (%s); the journal goes on",

@@ -14,10 +14,11 @@ from typing import Any
 
 from kvstate.events import SkipReason
 from kvstate.vllm._compat import Connector
-from kvstate.vllm._memory import KvMemory
 from kvstate.vllm._process import ObservedProcess, _world_size
-from kvstate.vllm._scheduler import SchedulerObserver
-from kvstate.vllm._worker import WorkerObserver
+from kvstate.vllm._store_jobs import SchedulerObserver
+from kvstate.vllm.mooncake import _fingerprint
+from kvstate.vllm.mooncake._memory import KvMemory
+from kvstate.vllm.mooncake._worker import WorkerObserver
 
 
 class SchedulerHooks:
@@ -131,6 +132,8 @@ class WorkerHooks:
         )
         memory = thread.__dict__.get("_kvstate_memory")  # its KV tensors (register_kv_caches)
         fingerprint, every = self.process.fingerprint, self.process.fingerprint_every
+        if every is None:
+            every = _fingerprint.SAMPLE_EVERY  # install()'s default sample
         return WorkerObserver(
             recorder, rank=rank, fingerprint=fingerprint, every=every, memory=memory
         )
@@ -163,7 +166,7 @@ class WorkerHooks:
         """The KV cache tensors, seen as vLLM registers them: the rank's
         transfer threads are made in this call, and their observer reads the
         blocks' bytes for fingerprints only through these tensors
-        (kvstate.vllm._memory), never through a raw address alone."""
+        (kvstate.vllm.mooncake._memory), never through a raw address alone."""
         try:
             self._registering.memory = KvMemory.of(kv_caches)
         except Exception:  # not tensors (a unit test's stand-ins): no fingerprints

@@ -14,8 +14,8 @@ from kvstate import tier_events as tier
 from kvstate import transfer_events as tx
 from kvstate.recorder import Recorder
 from kvstate.vllm._lifecycle import group0
-from kvstate.vllm._scheduler import SchedulerObserver
 from kvstate.vllm._shapes import Shapes
+from kvstate.vllm._store_jobs import SchedulerObserver
 
 
 def hex_of(key: Any) -> str:
