@@ -15,7 +15,7 @@ later ones. :class:`PerRequestHooks` gives each transfer a job id of the
 journal's own when vLLM makes it (a load in ``update_state_after_alloc``, a
 store in ``build_connector_meta``), hands the step's ids to the worker half
 on the metadata, and translates the worker's own numbering back. It drives
-the same two observers as the per-job connector (:mod:`._offloading`)
+the same two observers as the per-job connector (:mod:`._hooks`)
 through a per-job view of each step: a request's acknowledgement ends
 every store of that request, each with the completions of every rank, as
 vLLM's output aggregator sums them.
@@ -75,7 +75,7 @@ def classes() -> tuple[Any, Any] | None:
 
 
 class _Transfer(NamedTuple):
-    """One request's transfer, as :func:`~._offloading_scheduler.specs` reads it."""
+    """One request's transfer, as :func:`~._scheduler.specs` reads it."""
 
     req_id: str
     transfer_spec: tuple[Any, Any]
