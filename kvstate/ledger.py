@@ -119,6 +119,7 @@ class Ledger(LedgerState):
             tx.TransferFinished: self._on_transfer_finished,
             tx.BlocksInvalid: self._on_blocks_invalid,
             tx.CacheReset: self._on_cache_reset,
+            tx.TransferParams: self._on_transfer_params,
         }
 
     # -- the transition function ---------------------------------------------------
@@ -502,6 +503,10 @@ class Ledger(LedgerState):
 
     def _on_blocks_invalid(self, seq: int, event: tx.BlocksInvalid, out: Out) -> None:
         self.transfers.invalid(seq, event, out)
+
+    def _on_transfer_params(self, seq: int, event: tx.TransferParams, out: Out) -> None:
+        """Nothing to judge in one journal: the parameters relate two engines'
+        journals of one request (a prefill's delayed free, a decode's load)."""
 
     def _on_cache_reset(self, seq: int, event: tx.CacheReset, out: Out) -> None:
         # The jobs the reset discarded end here: no completion will come for

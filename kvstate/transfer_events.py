@@ -18,7 +18,12 @@ kinds say the rest, and the checks of :mod:`kvstate._transfers` judge them:
 - ``blocks_invalid``: the connector reported blocks whose load failed;
 - ``cache_reset``: vLLM reset the prefix cache (``reset_prefix_cache``, which
   RL frameworks call at every weight update) and asked the connector to
-  reset too; ``jobs`` are the transfers whose end the reset discarded.
+  reset too; ``jobs`` are the transfers whose end the reset discarded;
+- ``transfer_params``: a request's ``kv_transfer_params``, as it arrived
+  (a decode engine's remote prefill: where the KV is) or as the connector's
+  ``request_finished`` returned them for the peer (a prefill engine's
+  delayed free: what the decode will read). Nothing to judge in one
+  journal; they relate two engines' journals of one request.
 
 Registered in :data:`kvstate.events.EVENT_TYPES` by ``kvstate.events``
 itself, so every reader knows them.
@@ -76,6 +81,23 @@ class BlocksInvalid(Event, frozen=True):
     """The connector reported that loading ``blocks`` failed (``invalid_block_ids``)."""
 
     blocks: Ids
+
+
+#: where a request's ``kv_transfer_params`` were met
+ParamsRole = Literal["arrived", "finished"]
+
+
+@_kind("transfer_params", SIDE_SCHEDULER)
+class TransferParams(Event, frozen=True):
+    """The ``kv_transfer_params`` of ``req``: those it ``arrived`` with (before
+    its first admission, so no ``gen``), or those the connector's finish of
+    ``(req, gen)`` returned for the peer engine (``finished``). ``params`` is
+    the mapping as JSON, keys sorted (a value JSON cannot carry as its text)."""
+
+    req: str
+    role: ParamsRole
+    params: str
+    gen: Id | None = None
 
 
 @_kind("cache_reset", SIDE_SCHEDULER)

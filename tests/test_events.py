@@ -108,12 +108,13 @@ ADDED_KINDS |= {"observer_stood_down"}
 EXAMPLES["observer_stood_down"] = {"reason": "the scheduler output is a SimpleNamespace"}
 #: the lifecycle at vLLM's connector boundary (kvstate.transfer_events)
 ADDED_KINDS |= {"kv_matched", "remote_load_started", "transfer_finished", "blocks_invalid"}
-ADDED_KINDS |= {"cache_reset"}
+ADDED_KINDS |= {"cache_reset", "transfer_params"}
 EXAMPLES["kv_matched"] = {"req": "r", "computed": 16, "matched": 32, "load_async": True}
 EXAMPLES["remote_load_started"] = {"req": "r", "gen": 0, "blocks": [5, 6], "tokens": 32}
 EXAMPLES["transfer_finished"] = {"req": "r", "gen": 0, "direction": "recv"}
 EXAMPLES["blocks_invalid"] = {"blocks": [6]}
 EXAMPLES["cache_reset"] = {"accepted": True, "jobs": [3]}
+EXAMPLES["transfer_params"] = {"req": "r", "role": "finished", "params": '{"a": 1}', "gen": 0}
 
 
 def record(kind: str, payload: dict[str, object], *, seq: int = 7, step: int = 2) -> Record:

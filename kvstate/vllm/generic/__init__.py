@@ -55,6 +55,7 @@ class GenericAdapter(Adapter):
             tx.TransferFinished,
             tx.BlocksInvalid,
             tx.CacheReset,
+            tx.TransferParams,
         )
     )
 

@@ -10,6 +10,7 @@ blocks it reports failed, and a cache reset.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kvstate import events as ev
@@ -28,6 +29,8 @@ class ConnectorObserver(LifecycleObserver):
         self.pending: dict[str, tuple[list[int], int, int, int]] = {}
         #: req -> gen of an asynchronous load not yet reported received
         self.loading: dict[str, int] = {}
+        #: requests whose arriving ``kv_transfer_params`` are written (until they finish)
+        self.arrived: set[str] = set()
 
     # -- while vLLM schedules -------------------------------------------------------
 
@@ -37,6 +40,11 @@ class ConnectorObserver(LifecycleObserver):
         if matched is None:  # the connector cannot tell yet: vLLM skips the request
             return
         req = request.request_id
+        if req not in self.arrived:
+            self.arrived.add(req)
+            params = _params(getattr(request, "kv_transfer_params", None))
+            if params is not None:  # a P/D decode's request names where its KV is
+                self._record(tx.TransferParams(req=req, role="arrived", params=params))
         now = (int(computed), int(matched), bool(load_async))
         if self.matches.get(req) == now:
             return  # the same answer again: nothing new to judge
@@ -91,9 +99,14 @@ class ConnectorObserver(LifecycleObserver):
         req = request.request_id
         self.pending.pop(req, None)
         self.matches.pop(req, None)
+        self.arrived.discard(req)
         delay = bool(answer[0]) if isinstance(answer, tuple) and answer else False
         hold = delay or req in self.loading
         gen = self.gens.get(req)
+        params = _params(answer[1]) if isinstance(answer, tuple) and len(answer) > 1 else None
+        if params is not None and gen is not None:
+            # what the peer engine is told to read: relates its load to this hold
+            self._record(tx.TransferParams(req=req, gen=gen, role="finished", params=params))
         if gen is not None and req in self.finished:
             # vLLM finished this incarnation already (vLLM #50297): the fold
             # judges a second finish, so it is written as it happened.
@@ -145,3 +158,14 @@ class ConnectorObserver(LifecycleObserver):
         """``reset_cache``: vLLM reset its prefix cache and asked the connector to."""
         self._record(tx.CacheReset(accepted=answer is not False))
         self.commit()
+
+
+def _params(value: Any) -> str | None:
+    """A ``kv_transfer_params`` mapping as JSON, keys sorted; None for none (or
+    anything that is not a dict: a test's mock)."""
+    if not isinstance(value, dict) or not value:
+        return None
+    try:
+        return json.dumps(value, sort_keys=True, default=repr)
+    except (TypeError, ValueError):  # keys of mixed types cannot be sorted
+        return json.dumps(repr(value))
