@@ -123,6 +123,8 @@ def main() -> int:
         "every job": (True, 1),
     }
     times: dict[str, list[float]] = {v: [] for v in variants}
+    #: variant -> each run's round-1 CPU seconds by thread and child process
+    cpus: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="kvstate-bench-") as tmp, MooncakeMaster() as address:
         work = Path(tmp)
         env = {**os.environ, **store_env(address, work / "mooncake.json")}
@@ -139,6 +141,7 @@ def main() -> int:
             }
             result = run_engine(python, cfg, work, f"run-{i}", env, 900)
             times[variant].append(result["round1_s"])
+            cpus[variant].append(result.get("round1_cpu", {}))
             print(f"{variant:>20}: round 1 {result['round1_s']:.2f} s", flush=True)
     pairs = [j / p for p, j in zip(times["plain"], times["journal"], strict=True)]
     plain = statistics.median(times["plain"])
@@ -157,7 +160,27 @@ def main() -> int:
         f"  per pair (journal / the plain run just before): "
         f"{', '.join(f'{r:.3f}' for r in pairs)}; median {statistics.median(pairs):.3f}"
     )
+    _print_cpu(cpus["plain"], cpus["journal"])
     return 0
+
+
+def _print_cpu(plain: list[dict[str, float]], journal: list[dict[str, float]]) -> None:
+    """Round 1's CPU by thread and child process, medians, journal on against off:
+    what the journal's wall clock is made of on a machine whose cores the
+    forward pass already fills."""
+    parts = sorted({k for run in plain + journal for k in run})
+
+    def median(runs: list[dict[str, float]], part: str) -> float:
+        return statistics.median(run.get(part, 0.0) for run in runs) if runs else 0.0
+
+    print("\n  round 1 CPU, s (medians)          off       on     diff")
+    rows = [(p, median(plain, p), median(journal, p)) for p in parts]
+    for part, off, on in sorted(rows, key=lambda r: r[1] - r[2]):
+        if off or on:
+            print(f"  {part[:30]:<30} {off:8.2f} {on:8.2f} {on - off:+8.2f}")
+    total_off = statistics.median(sum(r.values()) for r in plain) if plain else 0.0
+    total_on = statistics.median(sum(r.values()) for r in journal) if journal else 0.0
+    print(f"  {'total':<30} {total_off:8.2f} {total_on:8.2f} {total_on - total_off:+8.2f}")
 
 
 if __name__ == "__main__":

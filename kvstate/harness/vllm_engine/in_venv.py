@@ -29,6 +29,7 @@ vLLM decision.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -242,9 +243,10 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         }
 
     if cfg.get("round1", True):
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), cpu_split()
         result["round1"] = generate(list(range(len(work))))
         result["round1_s"] = round(time.monotonic() - t0, 2)
+        result["round1_cpu"] = cpu_delta(cpu0, cpu_split())
     if mode != "reference" and cfg.get("round2", True):
         if cfg.get("round1", True):
             progress.phase = "draining before round 2"
@@ -307,6 +309,33 @@ def _parallel(tp: int) -> dict[str, Any]:
     if tp <= 1:
         return {}
     return {"tensor_parallel_size": tp, "distributed_executor_backend": "mp"}
+
+
+def cpu_split() -> dict[str, float]:
+    """CPU seconds so far of this process's threads, by thread name, and of
+    its child processes (kvstate's journal writers), by what they run: where
+    a round's CPU went (the wall-clock benchmark's breakdown). Linux only."""
+    tick = os.sysconf("SC_CLK_TCK")
+    split: dict[str, float] = {}
+
+    def add(name: str, stat: str) -> None:
+        fields = stat.rsplit(")", 1)[1].split()  # after the name, which may hold spaces
+        split[name] = split.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            name = (task / "comm").read_text().strip()
+            add(f"thread {name}", (task / "stat").read_text())
+            for child in (task / "children").read_text().split():
+                cmd = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+                what = next((c.decode() for c in cmd[1:3] if c and not c.startswith(b"-")), "")
+                add(f"child {what or cmd[0].decode()}", Path(f"/proc/{child}/stat").read_text())
+    return split
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What each part of :func:`cpu_split` spent between two snapshots."""
+    return {k: round(v - before.get(k, 0.0), 2) for k, v in sorted(after.items())}
 
 
 def _drain(llm: Any) -> bool:
