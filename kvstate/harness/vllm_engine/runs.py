@@ -123,8 +123,10 @@ def start_engine(
     stall_s: float,
     *,
     hold: bool = False,
+    module: str = "kvstate.harness.vllm_engine.in_venv",
 ) -> Engine:
-    """Start one engine run in ``python``'s venv. With ``hold`` the engine,
+    """Start one engine run in ``python``'s venv (``module``: the engine side that
+    reads the config, one of a P/D pair's engines for instance). With ``hold`` the engine,
     its work done and its result written, keeps running (and its Mooncake
     segment mounted: a segment's keys leave with the process that mounted
     it) until :meth:`Engine.release`."""
@@ -139,7 +141,7 @@ def start_engine(
     )
     with open(log_path, "wb") as log:
         child = subprocess.Popen(
-            [str(python), "-m", "kvstate.harness.vllm_engine.in_venv", str(cfg_path)],
+            [str(python), "-m", module, str(cfg_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

