@@ -61,9 +61,10 @@ def _counts(path: str, role: str, pair: Pair) -> dict[str, int]:
         kinds[e.kind] += 1
         if isinstance(e, tx.TransferFinished):
             kinds[f"{e.direction}{'-failed' if e.failed else ''}"] += 1
-    counts = {
-        "requests": kinds["request_admitted"],
-        "delayed frees": kinds["held_blocks_released"] if role == "prefill" else 0,
+    counts = {"requests": kinds["request_admitted"]}
+    if role == "prefill":  # a figure the other engine has not is left blank in its column
+        counts["delayed frees"] = kinds["held_blocks_released"]
+    counts |= {
         "remote loads": kinds["remote_load_started"],
         "sends reported": kinds["send"],
         "receives reported": kinds["recv"] + kinds["recv-failed"],
