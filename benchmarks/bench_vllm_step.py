@@ -16,7 +16,8 @@ connector setting) and prints the engine thread's CPU split between
 kvstate's observer and vLLM's scheduler and connector, per step: the
 benchmark runner's offloading row. ``--connector example`` does the same for
 vLLM's ExampleConnector, journaled by the generic adapter through
-``install()`` (any connector's row).
+``install()`` (any connector's row); ``--connector pd`` the decode engine of
+a prefill/decode pair (vLLM's MooncakeConnector, the generic adapter's).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstate.harness.live.master import MooncakeMaster
-from kvstate.harness.vllm_engine import venvs
+from kvstate.harness.vllm_engine import pd, venvs
 from kvstate.harness.vllm_engine.runs import run_engine, store_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,6 +61,8 @@ EXAMPLE = {"connector": "example", "via": "install", "groups": WORKLOAD["prompts
 def profiled_run(
     release: str = "0.32.0", connector: str = "mooncake", *, detail: bool = False
 ) -> dict[str, Any] | None:
+    if connector == "pd":
+        return _profiled_pair(release)
     """One journaled run with the engine thread's CPU split between kvstate and vLLM
     (:mod:`kvstate.harness.vllm_engine.cpu_profile`); None when the venv is not built.
 
@@ -97,19 +100,42 @@ def profiled_run(
     return profile
 
 
+#: the P/D pair's workload for its row: the others' (WORKLOAD), with each engine's
+#: pool large enough that the prefill holds every finished request until the decode reads it
+PD = {"blocks": 1024}
+
+
+def _profiled_pair(release: str) -> dict[str, Any] | None:
+    """A prefill/decode pair (vLLM's MooncakeConnector over Mooncake's transfer
+    engine, :mod:`kvstate.harness.vllm_engine.pd`), the decode engine's thread
+    split between the generic adapter and vLLM: the runner's P/D row."""
+    venv = venvs.venv_path(ROOT, release)
+    if not venvs.is_ready(venv, release):
+        return None
+    env = {k: v for k, v in os.environ.items() if k != "MOONCAKE_CONFIG_PATH"}
+    with tempfile.TemporaryDirectory(prefix="kvstate-bench-") as tmp:
+        work = Path(tmp)
+        cfg = {**WORKLOAD, **PD, "model": str(work / "model"), "mode": "journal"}
+        done = pd.run_pair(
+            venvs.python_of(venv), cfg, work, env, 900, run="pd-bench", decode={"profile": True}
+        )
+    profile: dict[str, Any] = done["decode"]["profile"]
+    return profile
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--release", default="0.32.0")
     parser.add_argument(
         "--connector",
-        choices=("mooncake", "offloading", "example"),
+        choices=("mooncake", "offloading", "example", "pd"),
         default="mooncake",
         help="offloading: one profiled run of vLLM's OffloadingConnector, kvstate's CPU on "
         "the engine thread against vLLM's scheduler and connector (the runner's row)",
     )
     args = parser.parse_args()
-    if args.connector in ("offloading", "example"):
+    if args.connector in ("offloading", "example", "pd"):
         venvs.ensure(ROOT, args.release)
         profile = profiled_run(args.release, args.connector)
         print(json.dumps(profile, indent=1))

@@ -408,6 +408,8 @@ VLLM_ROWS = {
     "offloading": (f"{VLLM_ROW}, OffloadingConnector", 0.10),
     # any other connector, through the generic adapter (kvstate.vllm.generic)
     "example": (f"{VLLM_ROW}, ExampleConnector (generic adapter)", 0.05),
+    # a P/D pair's decode engine: vLLM's MooncakeConnector, through the generic adapter
+    "pd": (f"{VLLM_ROW}, MooncakeConnector P/D decode engine (generic adapter)", 0.05),
 }
 
 
@@ -584,6 +586,8 @@ def run(quick: bool) -> dict[str, Any]:
     rows.append(offloading)
     example, example_run = vllm_row(quick, "example")
     rows.append(example)
+    pair, pair_run = vllm_row(quick, "pd")
+    rows.append(pair)
     fleet, fleets = fleet_row(sizes.fleet_runs, sizes.fleet_requests)
     rows.append(fleet)
     day, day_runs = day_rows(sizes.day_jobs)
@@ -602,6 +606,7 @@ def run(quick: bool) -> dict[str, Any]:
         "vllm_profile": vllm_run,
         "vllm_offloading_profile": offloading_run,
         "vllm_example_profile": example_run,
+        "vllm_pd_profile": pair_run,
         "fleets": fleets,
         "day": day_runs,
         "live_jobs": sizes.jobs,

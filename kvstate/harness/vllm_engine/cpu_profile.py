@@ -252,7 +252,9 @@ def instrument(
     ``"offloading"`` (its OffloadingConnector; there the tier manager's
     ``prepare_store`` and ``prepare_load`` are vLLM's side, and kvstate's
     side adds the tap it puts on that manager's two methods,
-    :class:`~kvstate.vllm.offloading._scheduler.ManagerTap`). The host
+    :class:`~kvstate.vllm.offloading._scheduler.ManagerTap`), ``"example"``
+    (vLLM's ExampleConnector) or ``"pd"`` (vLLM's MooncakeConnector in one
+    engine of a P/D pair), the last two through the generic adapter. The host
     tier's copies run on a thread of their own and are on neither side of
     the engine thread's split.
     """
@@ -295,7 +297,7 @@ def instrument(
 
         for name in ("prepare_store", "prepare_load"):
             prof.patch(ManagerTap, name, "kvstate")
-    if connector == "example":
+    if connector in ("example", "pd"):
         # The generic adapter hooks each connector object, not its class:
         # its hooks are charged where the object's methods call them.
         from kvstate.vllm.generic._hooks import ConnectorHooks
@@ -377,7 +379,15 @@ def _connector_classes(connector: str) -> list[type]:
         )
 
         return [ExampleConnector]  # the generic adapter patches no half of it
-    raise ValueError(f"connector must be 'mooncake', 'offloading' or 'example', not {connector!r}")
+    if connector == "pd":  # a P/D pair's engine: vLLM's MooncakeConnector, the generic adapter's
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector import (
+            MooncakeConnector,
+        )
+
+        return [MooncakeConnector]
+    raise ValueError(
+        f"connector must be 'mooncake', 'offloading', 'example' or 'pd', not {connector!r}"
+    )
 
 
 def summary(prof: Attribution) -> dict[str, Any]:

@@ -84,7 +84,12 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
 
     model = checkpoint.write(Path(cfg["model"]), seed=cfg.get("model_seed", 0))
     journaled = cfg["mode"] == "journal"
-    if journaled:
+    profiled = None  # the decode engine's CPU split (the benchmark runner's P/D row)
+    if journaled and cfg.get("profile") and role == "decode":
+        from kvstate.harness.vllm_engine import cpu_profile
+
+        profiled = cpu_profile.instrument(cfg["journal_dir"], fingerprint=False, connector="pd")[0]
+    elif journaled:
         import kvstate.vllm
 
         kvstate.vllm.install(cfg["journal_dir"])
@@ -183,6 +188,10 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         import kvstate.vllm
 
         result["audit"] = kvstate.vllm.finish()
+        if profiled is not None:
+            from kvstate.harness.vllm_engine import cpu_profile
+
+            result["profile"] = cpu_profile.summary(profiled)
     return result
 
 

@@ -102,9 +102,15 @@ class ConnectorHooks:
 
     def build(self, original: Any, conn: Any, scheduler_output: Any) -> Any:
         meta = original(scheduler_output)
-        observer = self.observer(conn)
+        observer = conn.__dict__.get("_kvstate_observer")
+        if observer is None or observer.closed:  # the first step, or not observed
+            observer = self.observer(conn)
         if observer is not None:
-            self.process.observe(observer.after_build, scheduler_output)
+            # every step: the observer's own try, not observe()'s frame (same outcome)
+            try:
+                observer.after_build(scheduler_output)
+            except Exception as exc:
+                self.process.failed(observer.after_build, exc)
         return meta
 
     def finished(self, original: Any, conn: Any, request: Any, *args: Any, **kw: Any) -> Any:

@@ -65,7 +65,15 @@ class ConnectorObserver(LifecycleObserver):
         prompt = int(getattr(request, "num_prompt_tokens", 0) or 0)
         self.pending[req] = (table, match[0], int(external), prompt)
 
+    def _local_tokens(self, req: str, computed: int) -> int:
+        """Of ``req``'s computed tokens, those the engine's own prefix cache held
+        (the connector's answer said which; without one, all of them)."""
+        match = self.matches.get(req)
+        return computed if match is None else match[0]
+
     def after_preemptions(self) -> None:
+        if not self.pending:
+            return  # most steps allocate no asynchronous load
         bs = self.block_size
         for req, (table, local, external, prompt) in self.pending.items():
             if req in self.gens and req not in self.finished:
@@ -85,8 +93,18 @@ class ConnectorObserver(LifecycleObserver):
     def after_build(self, out: Any) -> None:
         """``build_connector_meta``: the step vLLM scheduled, as the base writes it."""
         self.step += 1
+        if (
+            not out.scheduled_new_reqs
+            and not out.preempted_req_ids
+            and not self.pending
+            and not any(out.scheduled_cached_reqs.new_block_ids)
+        ):
+            # Nothing admitted, resumed, preempted, grown or allocated for a
+            # load: nothing to write. Most steps are these (a decode step, a
+            # step waiting for remote KV), so they cost a few looks, at C speed.
+            return
         matches = self.matches
-        self.record_requests(out, lambda req, n: matches[req][0] if req in matches else n)
+        self.record_requests(out, self._local_tokens)
         for new in out.scheduled_new_reqs:
             matches.pop(new.req_id, None)
         self.commit()

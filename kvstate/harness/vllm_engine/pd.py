@@ -1,0 +1,41 @@
+"""A prefill/decode pair of engines, started together and waited for (see :mod:`.pd_engine`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvstate.harness.vllm_engine.runs import start_engine
+
+#: the pair's engines, in the order their results are read (the decode ends first)
+ROLES = ("prefill", "decode")
+ENGINE = "kvstate.harness.vllm_engine.pd_engine"
+
+
+def run_pair(
+    python: Path,
+    config: dict[str, Any],
+    workdir: Path,
+    env: dict[str, str],
+    stall_s: float,
+    *,
+    run: str,
+    decode: dict[str, Any] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Start the prefill and the decode engine of ``run`` at once (as a proxy runs
+    them) with ``config``, the decode's updated with ``decode``; each one's result.
+
+    Each journals under ``workdir/{role}-journals`` when ``config["mode"]`` is
+    ``journal``. The decode is waited for first: the prefill ends once the
+    decode has its outputs and every held block is free.
+    """
+    started = {}
+    for role in ROLES:
+        cfg = {**config, "role": role, "run": run, "work": str(workdir),
+               "journal_dir": str(workdir / f"{role}-journals")}  # fmt: skip
+        if role == "decode" and decode:
+            cfg.update(decode)
+        started[role] = start_engine(python, cfg, workdir, role, env, stall_s, module=ENGINE)
+    done = {"decode": started["decode"].result()}
+    done["prefill"] = started["prefill"].result()
+    return done
