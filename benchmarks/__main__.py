@@ -2,8 +2,9 @@
 
 ``--update day`` measures only the compressed day's rows (rotation and
 retention, ``benchmarks/bench_retention.py``), ``--update vllm`` only the
-two rows of kvstate's CPU on vLLM's engine thread (one profiled run per
-connector, ``benchmarks/bench_vllm_step.py``), and puts them into the
+rows of kvstate's CPU on vLLM's engine thread (one profiled run per
+connector, and one of a P/D pair's decode engine,
+``benchmarks/bench_vllm_step.py``), and puts them into the
 table already in ``--out``, replacing the rows of that name: the other rows
 stay as their run measured them (each row's ratio is of one run).
 """
@@ -68,7 +69,8 @@ def _update(out: Path, quick: bool, which: str) -> int:
         mooncake, report["vllm_profile"] = vllm_row(quick)
         offloading, report["vllm_offloading_profile"] = vllm_row(quick, "offloading")
         example, report["vllm_example_profile"] = vllm_row(quick, "example")
-        rows = [mooncake, offloading, example]
+        pair, report["vllm_pd_profile"] = vllm_row(quick, "pd")
+        rows = [mooncake, offloading, example, pair]
     fresh = [attrs.asdict(r) for r in rows]
     names = {r["name"] for r in fresh}
     if which == "vllm":  # a table from before the rows were named by connector
