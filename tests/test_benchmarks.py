@@ -134,7 +134,7 @@ def test_update_measures_the_days_rows_into_an_earlier_table(tmp_path: Path) -> 
 
 def test_update_vllm_puts_every_engine_row_where_the_old_row_was(tmp_path: Path) -> None:
     """``--update vllm``: the rows of kvstate's CPU on vLLM's engine thread
-    (Mooncake, the OffloadingConnector, the generic adapter's) replace, in place, the one row
+    (Mooncake, the OffloadingConnector, the generic adapter's two) replace, in place, the one row
     of a table from before the rows were named by connector; every other row
     stays as it was. ``--quick`` measures neither (each row then says why),
     so this needs no vLLM."""
@@ -153,7 +153,8 @@ def test_update_vllm_puts_every_engine_row_where_the_old_row_was(tmp_path: Path)
         ", MooncakeStoreConnector",
         ", OffloadingConnector",
         ", ExampleConnector (generic adapter)",
+        ", MooncakeConnector P/D decode engine (generic adapter)",
     ]
     assert all(r["measured"] is None and "--quick" in r["note"] for r in fresh)
     assert [r for r in report["rows"] if r not in fresh] == others
-    assert report["rows"][at : at + 3] == fresh
+    assert report["rows"][at : at + 4] == fresh
