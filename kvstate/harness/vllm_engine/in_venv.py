@@ -54,7 +54,7 @@ def prompts(count: int, groups: int, seed: int) -> list[list[int]]:
     ]
 
 
-class _CpuEvent:
+class CpuEvent:
     """``torch.cuda.Event`` on a CPU build: the forward has finished when it returns."""
 
     def record(self, *args: Any) -> None:
@@ -118,7 +118,7 @@ def _without_flushes() -> None:
     cls.build_connector_meta = build_connector_meta
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     with atomic_output(path, force=True) as tmp:
         Path(tmp).write_text(json.dumps(data, indent=1) + "\n")
 
@@ -137,7 +137,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     if not torch.cuda.is_available():
-        torch.cuda.Event = _CpuEvent  # type: ignore[misc,assignment]
+        torch.cuda.Event = CpuEvent  # type: ignore[misc,assignment]
 
     from kvstate.harness.vllm_engine import checkpoint
 
@@ -187,7 +187,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             # The engine stands still, the store does not: what was stored is
             # still read back and judged (POISONED_KEY), then the crash.
             result["audit"] = kvstate.vllm.finish(error=f"watchdog: {why}", audit=True)
-        _write_json(out_path, result)
+        write_json(out_path, result)
         if cfg.get("hold"):
             # What it stored is evidence for the fleet's next engine too.
             _hold(Path(cfg["hold"]), Path(heartbeat) if heartbeat else None)
@@ -281,7 +281,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             result["profile"] = cpu_profile.summary(profiled)
     result["seconds"] = round(time.monotonic() - started, 1)
     if cfg.get("hold"):
-        _write_json(out_path, result)
+        write_json(out_path, result)
         _hold(Path(cfg["hold"]), Path(heartbeat) if heartbeat else None)
     return result
 
@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         if "kvstate.vllm" in sys.modules:
             sys.modules["kvstate.vllm"].finish(error=f"{type(exc).__name__}: {exc}"[:500])
         raise
-    _write_json(Path(cfg["out"]), result)
+    write_json(Path(cfg["out"]), result)
     return 0
 
 

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE, _CpuEvent, _write_json, prompts
+from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE, CpuEvent, prompts, write_json
 from kvstate.harness.vllm_engine.progress import Progress, Watchdog, count_steps
 
 #: the prefill engine's bootstrap server (vLLM's default port is 8998)
@@ -69,7 +69,7 @@ def _cpu_torch() -> None:
     if not torch.accelerator.is_available():  # see the module docstring
         torch.accelerator.current_device_index = lambda: 0
     if not torch.cuda.is_available():
-        torch.cuda.Event = _CpuEvent  # type: ignore[misc,assignment]
+        torch.cuda.Event = CpuEvent  # type: ignore[misc,assignment]
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +118,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             import kvstate.vllm
 
             result["audit"] = kvstate.vllm.finish(error=f"watchdog: {why}")
-        _write_json(out, result)
+        write_json(out, result)
         os._exit(3)
 
     beat = cfg.get("heartbeat")
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg["role"] == "decode":  # the prefill must not wait for it forever
             (Path(cfg["work"]) / "decode.done").write_text("failed\n")
         raise
-    _write_json(Path(cfg["out"]), result)
+    write_json(Path(cfg["out"]), result)
     return 0
 
 
