@@ -103,7 +103,7 @@ class ConnectorHooks:
     def build(self, original: Any, conn: Any, scheduler_output: Any) -> Any:
         meta = original(scheduler_output)
         observer = conn.__dict__.get("_kvstate_observer")
-        if observer is None or observer.closed:  # the first step, or not observed
+        if not observer or observer.closed:  # the first step, not observed, or could not be made
             observer = self.observer(conn)
         if observer is not None:
             # every step: the observer's own try, not observe()'s frame (same outcome)

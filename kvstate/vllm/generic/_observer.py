@@ -44,7 +44,7 @@ class ConnectorObserver(LifecycleObserver):
             self.arrived.add(req)
             params = _params(getattr(request, "kv_transfer_params", None))
             if params is not None:  # a P/D decode's request names where its KV is
-                self._record(tx.TransferParams(req=req, role="arrived", params=params))
+                self._record(tx.TransferParams(req=req, at="arrived", params=params))
         now = (int(computed), int(matched), bool(load_async))
         if self.matches.get(req) == now:
             return  # the same answer again: nothing new to judge
@@ -101,7 +101,9 @@ class ConnectorObserver(LifecycleObserver):
         ):
             # Nothing admitted, resumed, preempted, grown or allocated for a
             # load: nothing to write. Most steps are these (a decode step, a
-            # step waiting for remote KV), so they cost a few looks, at C speed.
+            # step waiting for remote KV), so they cost a few looks, at C speed,
+            # and the step boundary (a hand-over that failed is raised here).
+            self.commit()
             return
         matches = self.matches
         self.record_requests(out, self._local_tokens)
@@ -124,7 +126,7 @@ class ConnectorObserver(LifecycleObserver):
         params = _params(answer[1]) if isinstance(answer, tuple) and len(answer) > 1 else None
         if params is not None and gen is not None:
             # what the peer engine is told to read: relates its load to this hold
-            self._record(tx.TransferParams(req=req, gen=gen, role="finished", params=params))
+            self._record(tx.TransferParams(req=req, gen=gen, at="finished", params=params))
         if gen is not None and req in self.finished:
             # vLLM finished this incarnation already (vLLM #50297): the fold
             # judges a second finish, so it is written as it happened.
