@@ -61,17 +61,18 @@ EXAMPLE = {"connector": "example", "via": "install", "groups": WORKLOAD["prompts
 def profiled_run(
     release: str = "0.32.0", connector: str = "mooncake", *, detail: bool = False
 ) -> dict[str, Any] | None:
-    if connector == "pd":
-        return _profiled_pair(release)
     """One journaled run with the engine thread's CPU split between kvstate and vLLM
     (:mod:`kvstate.harness.vllm_engine.cpu_profile`); None when the venv is not built.
 
     ``connector`` is ``"mooncake"`` (vLLM's MooncakeStoreConnector, against a
     Mooncake master started here), ``"offloading"`` (vLLM's
     OffloadingConnector on kvstate's host tier; no store process) or
-    ``"example"`` (vLLM's ExampleConnector, the generic adapter's row). ``detail``
+    ``"example"`` (vLLM's ExampleConnector, the generic adapter's row), or
+    ``"pd"`` (a prefill/decode pair, the decode engine's thread). ``detail``
     also charges kvstate's own layers by name (a breakdown, not the row).
     """
+    if connector == "pd":
+        return _profiled_pair(release)
     venv = venvs.venv_path(ROOT, release)
     if not venvs.is_ready(venv, release):
         return None

@@ -20,10 +20,11 @@ kinds say the rest, and the checks of :mod:`kvstate._transfers` judge them:
   RL frameworks call at every weight update) and asked the connector to
   reset too; ``jobs`` are the transfers whose end the reset discarded;
 - ``transfer_params``: a request's ``kv_transfer_params``, as it arrived
-  (a decode engine's remote prefill: where the KV is) or as the connector's
-  ``request_finished`` returned them for the peer (a prefill engine's
-  delayed free: what the decode will read). Nothing to judge in one
-  journal; they relate two engines' journals of one request.
+  (on a decode engine, where its KV is; on a prefill engine, that a decode
+  will read it: in a P/D pair both name the proxy's ``transfer_id``) or as
+  the connector's ``request_finished`` returned them for the peer. Nothing
+  to judge in one journal; they relate two engines' journals of one
+  request (``replay.pairs``).
 
 Registered in :data:`kvstate.events.EVENT_TYPES` by ``kvstate.events``
 itself, so every reader knows them.
@@ -84,7 +85,7 @@ class BlocksInvalid(Event, frozen=True):
 
 
 #: where a request's ``kv_transfer_params`` were met
-ParamsRole = Literal["arrived", "finished"]
+ParamsAt = Literal["arrived", "finished"]
 
 
 @_kind("transfer_params", SIDE_SCHEDULER)
@@ -95,7 +96,7 @@ class TransferParams(Event, frozen=True):
     the mapping as JSON, keys sorted (a value JSON cannot carry as its text)."""
 
     req: str
-    role: ParamsRole
+    at: ParamsAt
     params: str
     gen: Id | None = None
 

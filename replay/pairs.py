@@ -13,7 +13,9 @@ with the same monotonic clock, so the two ends are ordered across journals.
 
 A prefill that freed a request's held blocks before the decode's load of
 them began (vLLM #45357, #52234: the next request's KV is what arrives) is
-listed in :attr:`Pair.freed_before_read`.
+listed in :attr:`Pair.freed_before_read`; one that finished the request
+without holding its blocks while the decode's load of them still succeeded,
+in :attr:`Pair.not_held`.
 """
 
 from __future__ import annotations
@@ -35,10 +37,13 @@ class Side:
     """One engine's part of one transfer: its request and the records that framed it."""
 
     req: str
-    #: prefill: the hold finish; decode: remote_load_started (seq, ts)
+    #: prefill: its finish; decode: remote_load_started (seq, ts)
     began: tuple[int, int | None] | None = None
-    #: prefill: held_blocks_released; decode: transfer_finished recv (seq, ts)
+    #: prefill: when its blocks were freed (held_blocks_released, or a finish
+    #: without hold); decode: transfer_finished recv (seq, ts)
     ended: tuple[int, int | None] | None = None
+    #: prefill: the finish kept the blocks for the decode (a delayed free)
+    held: bool = False
     #: decode: the load was reported failed
     failed: bool = False
     #: decode: blocks the load wrote into
@@ -56,7 +61,7 @@ class Pair:
 
     @property
     def related(self) -> list[str]:
-        """Transfers both engines journaled, the decode's load begun and the prefill's hold too."""
+        """Transfers whose decode load began and whose prefill request finished."""
         return sorted(
             t for t, d in self.decode.items()
             if d.began is not None and t in self.prefill and self.prefill[t].began is not None
@@ -64,11 +69,23 @@ class Pair:
 
     @property
     def unrelated(self) -> list[str]:
-        """Decode loads with no delayed free of the prefill's for their transfer id."""
+        """Decode loads with no finished prefill request of their transfer id."""
         return sorted(
             t for t, d in self.decode.items()
             if d.began is not None and (t not in self.prefill or self.prefill[t].began is None)
         )  # fmt: skip
+
+    @property
+    def not_held(self) -> list[str]:
+        """Transfers whose prefill finished without keeping its blocks, though the
+        decode's load of them was reported done, not failed: it read freed blocks
+        (vLLM's MooncakeConnector frees at once only a request it will not
+        send, and the decode's load then fails)."""
+        return [
+            t for t in self.related
+            if not self.prefill[t].held and self.decode[t].ended is not None
+            and not self.decode[t].failed
+        ]  # fmt: skip
 
     @property
     def freed_before_read(self) -> list[str]:
@@ -79,9 +96,9 @@ class Pair:
         out = []
         for t in self.related:
             freed, began = self.prefill[t].ended, self.decode[t].began
-            if freed is None or began is None or freed[1] is None or began[1] is None:
+            if not self.prefill[t].held or freed is None or began is None:
                 continue
-            if freed[1] < began[1]:
+            if freed[1] is not None and began[1] is not None and freed[1] < began[1]:
                 out.append(t)
         return out
 
@@ -102,16 +119,22 @@ def _transfer_id(event: tx.TransferParams, want: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _sides(items: Iterable[Entry], want: str) -> dict[str, Side]:
-    """transfer id -> side, for the requests that arrived with ``want`` set."""
+def _sides(items: Iterable[Entry], prefill: bool) -> dict[str, Side]:
+    """transfer id -> side, for the requests that arrived to be read by a decode
+    (``prefill``) or to read from a prefill.
+
+    A transfer id met again (a proxy's reuse) keeps its first request: the
+    later one's records are not mixed into it.
+    """
+    want = "do_remote_decode" if prefill else "do_remote_prefill"
     by_req: dict[str, str] = {}
     sides: dict[str, Side] = {}
     for entry in items:
         e = entry.event
         if isinstance(e, tx.TransferParams):
-            if e.role == "arrived":
+            if e.at == "arrived":
                 found = _transfer_id(e, want)
-                if found is not None:
+                if found is not None and found not in sides:
                     by_req[e.req] = found
                     sides[found] = Side(e.req)
             continue
@@ -120,10 +143,13 @@ def _sides(items: Iterable[Entry], want: str) -> dict[str, Side]:
             continue
         side = sides[by_req[req]]
         at = (entry.seq, entry.ts)
-        if isinstance(e, ev.RequestFinished) and e.hold and side.began is None:
-            side.began = at
-        elif isinstance(e, ev.HeldBlocksReleased) and side.ended is None:
-            side.ended = at
+        if prefill:
+            if isinstance(e, ev.RequestFinished) and side.began is None:
+                side.began, side.held = at, e.hold
+                if not e.hold:
+                    side.ended = at  # freed at the finish
+            elif isinstance(e, ev.HeldBlocksReleased) and side.held and side.ended is None:
+                side.ended = at
         elif isinstance(e, tx.RemoteLoadStarted) and side.began is None:
             side.began, side.blocks = at, len(e.blocks)
         elif isinstance(e, tx.TransferFinished) and e.direction == "recv" and side.ended is None:
@@ -133,6 +159,4 @@ def _sides(items: Iterable[Entry], want: str) -> dict[str, Side]:
 
 def relate(prefill: list[str], decode: list[str]) -> Pair:
     """The prefill engine's journals and the decode engine's, related by transfer id."""
-    return Pair(
-        _sides(entries(prefill), "do_remote_decode"), _sides(entries(decode), "do_remote_prefill")
-    )
+    return Pair(_sides(entries(prefill), prefill=True), _sides(entries(decode), prefill=False))

@@ -114,7 +114,7 @@ EXAMPLES["remote_load_started"] = {"req": "r", "gen": 0, "blocks": [5, 6], "toke
 EXAMPLES["transfer_finished"] = {"req": "r", "gen": 0, "direction": "recv"}
 EXAMPLES["blocks_invalid"] = {"blocks": [6]}
 EXAMPLES["cache_reset"] = {"accepted": True, "jobs": [3]}
-EXAMPLES["transfer_params"] = {"req": "r", "role": "finished", "params": '{"a": 1}', "gen": 0}
+EXAMPLES["transfer_params"] = {"req": "r", "at": "finished", "params": '{"a": 1}', "gen": 0}
 
 
 def record(kind: str, payload: dict[str, object], *, seq: int = 7, step: int = 2) -> Record:

@@ -31,7 +31,7 @@ def _journal(path: Path, clock: Callable[[], int], events: list[ev.Event]) -> st
 
 
 def _arrived(req: str, **params: object) -> tx.TransferParams:
-    return tx.TransferParams(req=req, role="arrived", params=json.dumps(params, sort_keys=True))
+    return tx.TransferParams(req=req, at="arrived", params=json.dumps(params, sort_keys=True))
 
 
 def _prefill(transfer: str, *, released: bool = True) -> list[ev.Event]:
@@ -92,3 +92,40 @@ def test_a_hold_still_held_is_never_freed_before_the_read(tmp_path: Path) -> Non
     decode = _journal(tmp_path / "d.db", clock, _decode("x-1"))
     pair = relate([prefill], [decode])
     assert pair.related == ["x-1"] and pair.freed_before_read == []
+
+
+def test_a_prefill_that_did_not_hold_while_the_decode_read_is_named(tmp_path: Path) -> None:
+    clock = itertools.count(1000).__next__
+    events = _prefill("x-1", released=False)
+    events[-1] = ev.RequestFinished(req="p-1", gen=0, hold=False)  # freed at once
+    prefill = _journal(tmp_path / "p.db", clock, events)
+    decode = _journal(tmp_path / "d.db", clock, _decode("x-1"))
+    pair = relate([prefill], [decode])
+    assert pair.related == ["x-1"] and pair.not_held == ["x-1"]
+    assert pair.freed_before_read == []  # a free, but not of held blocks
+
+
+def test_a_load_reported_failed_after_a_free_without_hold_is_not_a_read(tmp_path: Path) -> None:
+    clock = itertools.count(1000).__next__
+    events = _prefill("x-1", released=False)
+    events[-1] = ev.RequestFinished(req="p-1", gen=0, hold=False, aborted=True)
+    prefill = _journal(tmp_path / "p.db", clock, events)
+    failed = _decode("x-1")
+    failed[-1] = tx.TransferFinished(req="d-1", gen=0, direction="recv", failed=True)
+    decode = _journal(tmp_path / "d.db", clock, failed)
+    assert relate([prefill], [decode]).not_held == []
+
+
+def test_a_transfer_id_met_again_keeps_its_first_request(tmp_path: Path) -> None:
+    clock = itertools.count(1000).__next__
+    decode = _journal(tmp_path / "d.db", clock, _decode("x-1"))
+    second = [
+        _arrived("p-2", do_remote_decode=True, transfer_id="x-1"),
+        ev.RequestAdmitted(req="p-2", gen=0, prompt_tokens=64),
+        ev.BlocksAssigned(req="p-2", gen=0, blocks=(3,), mode="replace"),
+        ev.RequestFinished(req="p-2", gen=0, hold=False),
+    ]
+    prefill = _journal(tmp_path / "p.db", clock, _prefill("x-1") + second)
+    pair = relate([prefill], [decode])
+    assert pair.prefill["x-1"].req == "p-1" and pair.prefill["x-1"].held
+    assert pair.not_held == [] and pair.freed_before_read == []

@@ -43,7 +43,7 @@ def test_a_decode_request_names_where_its_kv_is_once() -> None:
     kinds = [e.kind for e in _records(rec)]
     assert kinds == ["transfer_params", "kv_matched"]
     params = _records(rec)[0]
-    assert (params.req, params.role, params.gen) == ("r", "arrived", None)
+    assert (params.req, params.at, params.gen) == ("r", "arrived", None)
     assert json.loads(params.params) == remote
     assert list(json.loads(params.params)) == sorted(remote)  # keys sorted: one text per mapping
     assert _fold(rec) == []
@@ -64,7 +64,7 @@ def test_a_prefill_finish_names_what_the_decode_will_read_with_its_generation() 
     kinds = [e.kind for e in records]
     assert "transfer_params" in kinds
     params = records[kinds.index("transfer_params")]
-    assert (params.req, params.role, params.gen) == ("r", "finished", 0)
+    assert (params.req, params.at, params.gen) == ("r", "finished", 0)
     assert json.loads(params.params) == handed
     finish = records[kinds.index("request_finished")]
     assert finish.hold

@@ -1,6 +1,8 @@
-"""The scheduler side of a vLLM process, journaled as it happens.
+"""The scheduler side of a connector that emits store jobs, journaled as it happens.
 
-vLLM makes every decision; this only writes down what it decided, once per
+The base of the Mooncake store's and the OffloadingConnector's scheduler
+observers (the lifecycle itself is :mod:`kvstate.vllm._lifecycle`'s). vLLM
+makes every decision; this only writes down what it decided, once per
 step, in the order the engine did it: preemptions (the core already freed
 those blocks), admissions and resumes with their block tables, appended
 blocks, then the store jobs the connector emitted. Finishes are written from

