@@ -35,6 +35,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -453,17 +454,31 @@ def _drain_and_reset(llm: Any) -> bool:
     return False
 
 
-def main(argv: list[str] | None = None) -> int:
+def serve(
+    run_engine: Callable[[dict[str, Any]], dict[str, Any]],
+    argv: list[str] | None = None,
+    *,
+    failed: Callable[[dict[str, Any]], None] | None = None,
+) -> int:
+    """An engine module's ``main``: the config file named in ``argv``, ``run_engine``
+    on it, its result written. A run that raises ends this process's journals
+    with the error (replay: CRASH), and ``failed`` tells whoever waits on it."""
     args = sys.argv[1:] if argv is None else argv
     cfg = json.loads(Path(args[0]).read_text())
     try:
-        result = run(cfg)
+        result = run_engine(cfg)
     except BaseException as exc:
         if "kvstate.vllm" in sys.modules:
             sys.modules["kvstate.vllm"].finish(error=f"{type(exc).__name__}: {exc}"[:500])
+        if failed is not None:
+            failed(cfg)
         raise
     write_json(Path(cfg["out"]), result)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return serve(run, argv)
 
 
 if __name__ == "__main__":

@@ -32,14 +32,12 @@ changed; a GPU machine needs neither this nor ``mooncake_protocol: tcp``.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE, CpuEvent, prompts, write_json
+from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE, CpuEvent, prompts, serve, write_json
 from kvstate.harness.vllm_engine.progress import Progress, Watchdog, count_steps
 
 
@@ -168,8 +166,11 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         while not (work / "decode.done").exists():  # its own watchdog ends it
             time.sleep(0.05)
     else:
-        progress.phase = "waiting for the prefill engine"
+        # Not armed yet (phase "starting"): how long the prefill engine takes
+        # to build is its own; if it fails, it says so.
         while not (work / "prefill.up").exists():
+            if (work / "prefill.failed").exists():
+                raise RuntimeError("the prefill engine failed (see its log)")
             time.sleep(0.05)
         progress.phase = "decode"
         sampling = [
@@ -198,19 +199,14 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _failed(cfg: dict[str, Any]) -> None:
+    """Tell the other engine, which would otherwise wait for this one forever."""
+    name = "decode.done" if cfg["role"] == "decode" else "prefill.failed"
+    (Path(cfg["work"]) / name).write_text("failed\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    cfg = json.loads(Path(args[0]).read_text())
-    try:
-        result = run(cfg)
-    except BaseException as exc:
-        if "kvstate.vllm" in sys.modules:
-            sys.modules["kvstate.vllm"].finish(error=f"{type(exc).__name__}: {exc}"[:500])
-        if cfg["role"] == "decode":  # the prefill must not wait for it forever
-            (Path(cfg["work"]) / "decode.done").write_text("failed\n")
-        raise
-    write_json(Path(cfg["out"]), result)
-    return 0
+    return serve(run, argv, failed=_failed)
 
 
 if __name__ == "__main__":
