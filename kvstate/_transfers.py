@@ -54,6 +54,9 @@ class _Load:
     done_seq: int | None = None
     #: the request was scheduled on the loaded blocks at this seq
     ran_seq: int | None = None
+    #: a target of it was handed to another request (LOAD_TARGET_RELEASED, said
+    #: once); the load still writes, and its receive is still to be reported
+    handed_on: bool = False
 
 
 @attrs.define(slots=True)
@@ -192,15 +195,15 @@ class TransferState:
                 out.append(finding(Code.DELAYED_FREE_REUSED, seq, why, holder[2],
                                    req=req, gen=inc.gen, block=block))  # fmt: skip
             loader = self.targets.get(block)
-            if loader is not None and loader != req:
+            if loader is not None and loader != req and not self.loading[loader].handed_on:
                 load = self.loading[loader]
+                load.handed_on = True  # reported once per load
                 why = (
                     f"block {block} given to {inc.name} while {loader}/{load.gen}'s "
                     f"asynchronous load still writes into it"
                 )
                 out.append(finding(Code.LOAD_TARGET_RELEASED, seq, why, load.started_seq,
                                    req=req, gen=inc.gen, block=block))  # fmt: skip
-                self._end_load(loader, load)  # reported once per load
 
     def dropped(self, seq: int, inc: Incarnation, how: str, out: Out) -> None:
         """``inc``'s table refs drop now (preempted, or finished without hold)."""
