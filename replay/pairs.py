@@ -28,6 +28,7 @@ import attrs
 from kvstate import events as ev
 from kvstate import transfer_events as tx
 from kvstate.codec import Entry
+from kvstate.violations import Violation
 
 from .sources import entries
 
@@ -48,6 +49,8 @@ class Side:
     failed: bool = False
     #: decode: blocks the load wrote into
     blocks: int = 0
+    #: the seqs of every record of the request (a finding's chain names one)
+    seqs: set[int] = attrs.Factory(set)
 
 
 @attrs.define
@@ -102,6 +105,17 @@ class Pair:
                 out.append(t)
         return out
 
+    def transfer_of(self, role: str, v: Violation) -> str | None:
+        """The transfer a violation found in ``role``'s journal (``prefill`` or
+        ``decode``) touched: the one of the request whose record its chain
+        names (a delayed free, a load: the cause, which a block reused by
+        another transfer's request names), else the one of the request it names."""
+        sides = self.prefill if role == "prefill" else self.decode
+        for t, side in sides.items():
+            if side.seqs.intersection(v.chain):
+                return t
+        return next((t for t, side in sides.items() if v.req == side.req), None)
+
     @property
     def blocks(self) -> int:
         """Blocks the decode's loads wrote, over every related transfer."""
@@ -142,6 +156,7 @@ def _sides(items: Iterable[Entry], prefill: bool) -> dict[str, Side]:
         if req is None or req not in by_req:
             continue
         side = sides[by_req[req]]
+        side.seqs.add(entry.seq)
         at = (entry.seq, entry.ts)
         if prefill:
             if isinstance(e, ev.RequestFinished) and side.began is None:

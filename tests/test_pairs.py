@@ -14,10 +14,15 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from kvstate import Recorder
 from kvstate import events as ev
 from kvstate import transfer_events as tx
+from kvstate.violations import Code
+from replay.cli import main as cli_main
 from replay.pairs import relate
+from replay.verdict import replay
 
 
 def _journal(path: Path, clock: Callable[[], int], events: list[ev.Event]) -> str:
@@ -129,3 +134,106 @@ def test_a_transfer_id_met_again_keeps_its_first_request(tmp_path: Path) -> None
     pair = relate([prefill], [decode])
     assert pair.prefill["x-1"].req == "p-1" and pair.prefill["x-1"].held
     assert pair.not_held == [] and pair.freed_before_read == []
+
+
+def test_a_reused_delayed_free_is_named_with_the_transfer_it_broke(tmp_path: Path) -> None:
+    clock = itertools.count(1000).__next__
+    # vLLM #52234: the prefill hands p-1's held blocks to p-2 (another
+    # transfer's request) before the decode read them
+    events = [
+        *_prefill("x-1", released=False),
+        _arrived("p-2", do_remote_decode=True, transfer_id="x-2"),
+        ev.RequestAdmitted(req="p-2", gen=0, prompt_tokens=64),
+        ev.BlocksAssigned(req="p-2", gen=0, blocks=(2, 3), mode="replace"),
+    ]
+    prefill = _journal(tmp_path / "p.db", clock, events)
+    decode = _journal(tmp_path / "d.db", clock, _decode("x-1"))
+    found = replay([prefill]).violations
+    assert [v.code for v in found] == [Code.DELAYED_FREE_REUSED]
+    assert found[0].req == "p-2"  # the request handed the block...
+    assert relate([prefill], [decode]).transfer_of("prefill", found[0]) == "x-1"  # ...broke x-1
+
+
+def test_a_load_handed_on_is_flagged_once_and_its_receive_is_expected(tmp_path: Path) -> None:
+    clock = itertools.count(1000).__next__
+    # vLLM #56104, #41269: d-1 is aborted while its write is still landing, and
+    # d-2 gets its blocks; the receive is reported later, as the write ends
+    events = [
+        *_decode("x-1")[:-1],
+        ev.RequestFinished(req="d-1", gen=0, hold=True, aborted=True),
+        ev.RequestAdmitted(req="d-2", gen=0, prompt_tokens=64),
+        ev.BlocksAssigned(req="d-2", gen=0, blocks=(7, 8), mode="replace"),
+        tx.TransferFinished(req="d-1", gen=0, direction="recv"),
+        ev.HeldBlocksReleased(req="d-1", gen=0),
+    ]
+    decode = _journal(tmp_path / "d.db", clock, events)
+    found = replay([decode]).violations
+    assert sorted(v.code.value for v in found) == [
+        "DELAYED_FREE_REUSED",
+        "DELAYED_FREE_REUSED",
+        "LOAD_TARGET_RELEASED",
+    ]  # one per block reused, one for the load: no UNEXPECTED_TRANSFER at its receive
+    prefill = _journal(tmp_path / "p.db", clock, _prefill("x-1"))
+    pair = relate([prefill], [decode])
+    assert {pair.transfer_of("decode", v) for v in found} == {"x-1"}
+
+
+def _pd_check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
+    status = cli_main(["pd-check", *argv, "--json"])
+    out = capsys.readouterr().out
+    return status, json.loads(out) if out.strip() else {}
+
+
+def test_pd_check_reads_the_two_journals_as_one_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = itertools.count(1000).__next__
+    decode = _journal(
+        tmp_path / "d.db",
+        clock,
+        [*_decode("x-1"), ev.RequestFinished(req="d-1", gen=0), ev.EngineIdle()],
+    )
+    prefill = _journal(tmp_path / "p.db", clock, [*_prefill("x-1"), ev.EngineIdle()])
+    status, out = _pd_check(capsys, prefill, decode, "--require-idle")
+    assert status == 0, out
+    assert out["related"] == ["x-1"] and out["blocks_moved"] == 2
+    assert all(not found for found in out["pair"].values())
+
+
+def test_pd_check_fails_a_pair_whose_prefill_freed_before_the_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = itertools.count(1000).__next__
+    prefill = _journal(tmp_path / "p.db", clock, _prefill("x-1"))
+    decode = _journal(tmp_path / "d.db", clock, _decode("x-1"))
+    status, out = _pd_check(capsys, prefill, decode)
+    assert status == 1
+    assert out["pair"]["read after the free"] == ["x-1"]
+    assert out["prefill"]["violations"] == out["decode"]["violations"] == []
+
+
+def test_pd_check_names_the_transfer_of_an_engines_violation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = itertools.count(1000).__next__
+    events = [
+        *_prefill("x-1", released=False),
+        ev.RequestAdmitted(req="p-2", gen=0, prompt_tokens=64),
+        ev.BlocksAssigned(req="p-2", gen=0, blocks=(2,), mode="replace"),
+    ]
+    prefill = _journal(tmp_path / "p.db", clock, events)
+    decode = _journal(tmp_path / "d.db", clock, _decode("x-1"))
+    status, out = _pd_check(capsys, prefill, decode)
+    assert status == 1
+    (found,) = out["prefill"]["violations"]
+    assert (found["code"], found["transfer"]) == ("DELAYED_FREE_REUSED", "x-1")
+
+
+def test_pd_check_names_an_unusable_journal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = itertools.count(1000).__next__
+    prefill = _journal(tmp_path / "p.db", clock, _prefill("x-1"))
+    status = cli_main(["pd-check", prefill, str(tmp_path / "missing.db")])
+    assert status == 2
+    assert "missing.db" in capsys.readouterr().err

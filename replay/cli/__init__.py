@@ -26,6 +26,7 @@ COMMANDS = (
     "export",
     "convert",
     "fleet_check",
+    "pd_check",
     "watch",
     # the commands that drive the harness, in their own folder
     "harness.run",
