@@ -21,10 +21,12 @@ def run_pair(
     stall_s: float,
     *,
     run: str,
+    prefill: dict[str, Any] | None = None,
     decode: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Start the prefill and the decode engine of ``run`` at once (as a proxy runs
-    them) with ``config``, the decode's updated with ``decode``; each one's result.
+    them) with ``config``, each one's updated with ``prefill`` or ``decode``;
+    each one's result.
 
     Each journals under ``workdir/{role}-journals`` when ``config["mode"]`` is
     ``journal``. The decode is waited for first: the prefill ends once the
@@ -40,8 +42,7 @@ def run_pair(
             cfg = {**config, "role": role, "run": run, "work": str(workdir),
                    "journal_dir": str(workdir / f"{role}-journals"),
                    "bootstrap_port": port}  # fmt: skip
-            if role == "decode" and decode:
-                cfg.update(decode)
+            cfg.update((prefill if role == "prefill" else decode) or {})
             started[role] = start_engine(python, cfg, workdir, role, env, stall_s, module=ENGINE)
         done = {"decode": started["decode"].result()}
         done["prefill"] = started["prefill"].result()

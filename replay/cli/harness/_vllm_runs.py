@@ -82,6 +82,10 @@ def wrong_outputs(engine: dict[str, Any], reference: dict[str, Any]) -> list[str
     return wrong
 
 
+#: the codes of a wrong output's direct cause, listed first in its trace
+DIRECT = ("WRONG_KV_LOADED", "LOAD_TARGET_RELEASED")
+
+
 def traces(engine: dict[str, Any], wrong: list[str], result: ReplayResult) -> dict[str, list[str]]:
     """For each wrong prompt, the violations naming one of its requests."""
     # vLLM returns the id the caller knows ("12"); inside the engine (and so in
@@ -97,8 +101,9 @@ def traces(engine: dict[str, Any], wrong: list[str], result: ReplayResult) -> di
         for rnd in ("round1", "round2"):
             req = engine[rnd].get(prompt, {}).get("req")
             found += [f"{rnd} request {req}: {what}" for what in by_req.get(req, [])]
-        # The load of poisoned KV is the direct cause; the reads that wrote it come after.
-        found.sort(key=lambda line: "WRONG_KV_LOADED" not in line)
+        # The load of poisoned KV, or a write landing in blocks handed on, is
+        # the direct cause; the reads that wrote it, the reuses, come after.
+        found.sort(key=lambda line: not any(code in line for code in DIRECT))
         found_for[prompt] = found
     return found_for
 

