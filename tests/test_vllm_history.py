@@ -59,6 +59,9 @@ from replay.runs import group
 from replay.sources import entries
 from replay.verdict import ReplayResult, replay
 
+#: behind `make test-long` (the README): upstream suites, minutes each
+pytestmark = pytest.mark.long
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

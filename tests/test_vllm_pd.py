@@ -60,6 +60,7 @@ def _faulted(tmp_path: Path, fault: str) -> tuple[ReleaseRun, ReleaseRun]:
 
 
 @pytest.mark.vllm
+@pytest.mark.long  # make test-long: the faults, 30 s each
 def test_a_prefill_that_hands_held_blocks_on_is_flagged_and_its_wrong_outputs_traced(
     tmp_path: Path,
 ) -> None:
@@ -79,6 +80,7 @@ def test_a_prefill_that_hands_held_blocks_on_is_flagged_and_its_wrong_outputs_tr
 
 
 @pytest.mark.vllm
+@pytest.mark.long  # make test-long: the faults, 30 s each
 def test_a_decode_that_hands_on_a_load_still_landing_is_flagged_and_traced(
     tmp_path: Path,
 ) -> None:

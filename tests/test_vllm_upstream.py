@@ -41,6 +41,9 @@ from kvstate.violations import Code
 from replay.runs import group
 from replay.verdict import replay
 
+#: behind `make test-long` (the README): upstream suites, minutes each
+pytestmark = pytest.mark.long
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
