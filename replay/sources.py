@@ -174,8 +174,9 @@ def _one_run(paths: Sequence[str], firsts: Sequence[Located | None], mixed_runs:
             raise RecordError(
                 f"a journal of run {header.run!r}, and {seen_run[0]} is of run {seen_run[1]!r}: "
                 "journals of different runs are not merged (kvstate replay --by-run, or of "
-                "their folder, replays each run by itself; kvstate convert --mixed-runs "
-                "merges them on purpose)",
+                "their folder, replays each run by itself; kvstate pd-check PREFILL DECODE "
+                "reads a prefill/decode pair's two; kvstate convert --mixed-runs merges them "
+                "on purpose)",
                 path=path,
             )
         seen_run = seen_run or (path, header.run)
