@@ -37,7 +37,8 @@ from typing import Any
 
 from journal._frames import ANSWER, CLOSE, FRAME, SETTLE, WAIT
 from journal.database import Journal
-from journal.segments import Rotating, Rotation
+from journal.rotation import Rotation
+from journal.segments import Rotating
 
 #: how often (seconds) an idle writer checks that its parent is still alive;
 #: this decides nothing about progress, only when a dead parent is noticed

@@ -56,3 +56,7 @@ class RecordError(JournalError):
 
 class TamperedError(RecordError):
     """A record's stored digest does not match the hash chain."""
+
+
+class SegmentError(JournalError):
+    """The segments of a journal do not follow each other (the message names the file)."""

@@ -33,7 +33,7 @@ from typing import Any, Generic, TypeVar
 
 from ._frames import ANSWER, CLOSE, FRAME, SETTLE, WAIT
 from .errors import JournalError
-from .segments import Rotation
+from .rotation import Rotation
 from .writing import Buffered
 
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """Retention: a rotated journal keeps at most so many bytes, or hours.
 
 A journal that rotates (:mod:`journal.segments`) can also keep a budget
-(:class:`~journal.segments.Rotation`'s ``keep_bytes`` and ``keep_seconds``).
+(:class:`~journal.rotation.Rotation`'s ``keep_bytes`` and ``keep_seconds``).
 Then every new segment begins with a *checkpoint*: the application's state
 after the last commit of the segment before it, handed over in parts by the
 writer and stored in the segment's ``checkpoint`` table. The checkpoint is
@@ -20,12 +20,12 @@ removes a segment once its last write is older than ``keep_seconds``.
 
 A checkpoint grows with the history it carries, and may outgrow the
 rotation size asked: then the rotation size in force grows to the
-checkpoint's bytes (:attr:`~journal.segments.Rotation.rotate_bytes`), so a
+checkpoint's bytes (:attr:`~journal.rotation.Rotation.rotate_bytes`), so a
 segment never holds fewer bytes of records than of checkpoint (rotated
 sooner, the writer would spend its time writing checkpoints). Where even
 then the budget cannot hold the current segment at its full size, no
 removal can make up for it: that is said on stderr (:func:`say_sizes`) and
-kept as :attr:`~journal.segments.Rotation.short_bytes`, which the writer's
+kept as :attr:`~journal.rotation.Rotation.short_bytes`, which the writer's
 figures publish, rather than the budget being overrun in silence.
 
 A reader given the journal's first segment, or its folder, then starts at
@@ -49,9 +49,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from ._schema import checkpoint_parts, segment_row
+from .segment_files import file_bytes, later_indexes, segment_path, sync_folder
 
 if TYPE_CHECKING:
-    from .segments import Rotation
+    from .rotation import Rotation
 
 T = TypeVar("T")
 
@@ -60,9 +61,7 @@ def remove_old(first: str, current: int, rotation: Rotation) -> list[str]:
     """Remove the oldest segments of the journal whose first segment is named
     ``first`` while it is over ``rotation``'s budget; ``current`` is the
     index of the segment written now. Returns the files removed."""
-    from .segments import _later_indexes, _sync_folder, file_bytes, segment_path
-
-    indexes = ([1] if os.path.exists(first) else []) + _later_indexes(first)
+    indexes = ([1] if os.path.exists(first) else []) + later_indexes(first)
     sizes = {i: file_bytes(segment_path(first, i)) for i in indexes}
     # the current segment counts at the size it may reach before the next
     # rotation: its checkpoint, and the rotation size in force of records
@@ -106,7 +105,7 @@ def remove_old(first: str, current: int, rotation: Rotation) -> list[str]:
         total -= sizes[index]
     if removed:
         with contextlib.suppress(OSError):
-            _sync_folder(os.path.dirname(first))
+            sync_folder(os.path.dirname(first))
     return removed
 
 

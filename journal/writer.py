@@ -31,7 +31,8 @@ from typing import Any, Generic, TypeVar, cast
 from .database import Journal, NewRow
 from .errors import JournalError
 from .record import Record
-from .segments import Rotating, Rotation
+from .rotation import Rotation
+from .segments import Rotating
 from .writing import Buffered
 
 T = TypeVar("T")

@@ -35,7 +35,7 @@ import os
 import attrs
 
 from journal import Journal, JournalWriter, ProcessWriter
-from journal.segments import Rotation
+from journal.rotation import Rotation
 from journal.writing import Writer
 
 from .audit import Auditor

@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable
 
 from journal import Journal, segments
-from journal.segments import Rotation
+from journal.rotation import Rotation
 from journal.writing import Writer
 
 from .audit import Auditor

@@ -1,4 +1,5 @@
-"""Imports point one way: journal <- kvstate core <- {replay, harness} <- tui, cli.
+"""Imports point one way: journal <- kvstate core <- vLLM observer <- harness, and
+core <- replay <- tui <- cli (which may drive the harness).
 
 Every import in every module (at the top or inside a function) is resolved
 and checked against its layer, so an import pointing the wrong way fails
@@ -22,7 +23,8 @@ ALLOWED = {
     "core": {"journal", "core"},
     "replay": {"journal", "core", "replay"},
     "tui": {"journal", "core", "replay", "tui"},
-    "harness": {"journal", "core", "harness"},
+    "observer": {"journal", "core", "observer"},
+    "harness": {"journal", "core", "observer", "harness"},
     "cli": {"journal", "core", "replay", "tui", "harness", "cli"},
 }
 #: third-party packages the core and the journal must never import
@@ -33,7 +35,7 @@ HEAVY = {"torch", "textual", "mooncake", "numpy", "rich", "vllm"}
 FOLDERS = (
     ("journal", "journal"),
     ("kvstate/harness", "harness"),
-    ("kvstate/vllm", "harness"),
+    ("kvstate/vllm", "observer"),
     ("kvstate", "core"),
     ("replay/cli", "cli"),
     ("replay/__main__", "cli"),
@@ -139,20 +141,39 @@ def test_the_top_level_face_is_small_and_every_error_shares_one_base() -> None:
                 assert issubclass(cls, kvstate.KvstateError), cls
 
 
-def core_graph() -> dict[str, set[str]]:
-    """The core's modules and which of them each imports, type-checking imports included."""
-    core = {m: p for m, p in modules() if layer(m) == "core"}
-    graph: dict[str, set[str]] = {}
-    for module, path in core.items():
-        found = set()
-        for name, _line in imports(module, path):
-            # ``from .x import Y``: the module x (Y may be a name in it)
-            while name and name not in core:
-                name = name.rpartition(".")[0]
-            if name and name != module and name != "kvstate":
-                found.add(name)
-        graph[module] = found
-    return graph
+def targets(module: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``module`` imports, type-checking imports
+    included: ``from kvstate import events`` is the module ``kvstate.events``,
+    ``from kvstate import Recorder`` the package ``kvstate`` (its
+    ``__init__``, which imports the recorder)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names += [f"{base}.{alias.name}" for alias in node.names]
+    found = set()
+    for name in names:
+        while name and name not in known:  # a name in a module: the module
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            found.add(name)
+    return found
+
+
+def library_graph() -> dict[str, set[str]]:
+    """Every module of journal/, kvstate/ (the vLLM observer and the harness
+    included) and replay/, and which of them each imports."""
+    found = dict(modules())
+    known = set(found)
+    return {module: targets(module, path, known) for module, path in found.items()}
 
 
 def cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -182,11 +203,23 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_core_has_no_import_cycle() -> None:
+def test_the_library_has_no_import_cycle() -> None:
     """A helper module is a leaf of its own concept: it imports neither the
-    ledger nor the worker that use it, not even for typing."""
-    found = cycle(core_graph())
+    ledger nor the worker that use it, not even for typing; and no two
+    modules of the journal, the core, the observer, the harness or replay
+    import each other, through any number of others."""
+    graph = library_graph()
+    for module in ("journal.segments", "kvstate.vllm.generic", "replay.pairs", "kvstate"):
+        assert module in graph  # the whole library is graphed
+    found = cycle(graph)
     assert found is None, " -> ".join(found or ())
+
+
+def test_the_graph_counts_what_a_from_import_names(tmp_path: Path) -> None:
+    source = tmp_path / "x.py"
+    source.write_text("from kvstate import Recorder\nfrom kvstate import events\nimport journal\n")
+    known = {"kvstate", "kvstate.events", "journal", "kvstate.x"}
+    assert targets("kvstate.x", source, known) == {"kvstate", "kvstate.events", "journal"}
 
 
 def test_the_cycle_check_catches_a_cycle() -> None:
@@ -222,7 +255,7 @@ def reaches(graph: dict[str, set[str]], start: str) -> set[str]:
 
 @pytest.mark.parametrize("helper", HELPERS)
 def test_a_helper_reaches_no_ledger_not_even_for_typing(helper: str) -> None:
-    graph = core_graph()
+    graph = library_graph()
     assert helper in graph
     assert not reaches(graph, helper) & LEDGERS
 

@@ -25,7 +25,8 @@ import pytest
 
 from journal import Journal, JournalError, RecordError
 from journal import segments as seg
-from journal.segments import Rotating, Rotation
+from journal.rotation import Rotation
+from journal.segments import Rotating
 from tests.builder import legacy_run, on_disk, record_again
 
 ROTATE, RETAIN = 131_072, 400_000

@@ -16,7 +16,8 @@ import pytest
 
 from journal import Journal
 from journal import segments as seg
-from journal.segments import Rotating, Rotation, SegmentError
+from journal.rotation import Rotation
+from journal.segments import Rotating, SegmentError
 
 
 def test_a_segment_left_without_its_head_and_without_a_checkpoint_is_named(

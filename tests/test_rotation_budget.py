@@ -24,7 +24,8 @@ import pytest
 
 from journal import Journal
 from journal import segments as seg
-from journal.segments import Rotating, Rotation, file_bytes
+from journal.rotation import Rotation
+from journal.segments import Rotating, file_bytes
 
 ROTATE = 16_384
 

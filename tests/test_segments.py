@@ -18,7 +18,8 @@ import pytest
 
 from journal import Journal, TamperedError
 from journal import segments as seg
-from journal.segments import Rotation, SegmentError
+from journal.errors import SegmentError
+from journal.rotation import Rotation
 
 
 def _rows(start: int, n: int, tag: str = "x") -> list[tuple]:

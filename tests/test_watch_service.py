@@ -24,7 +24,8 @@ import pytest
 
 from journal import Journal
 from journal import database as jdb
-from journal.segments import Rotating, Rotation
+from journal.rotation import Rotation
+from journal.segments import Rotating
 from kvstate.violations import Code
 from replay.verdict import replay
 from replay.watch import Watcher

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import attrs
 
-from journal.segments import Rotation
+from journal.rotation import Rotation
 
 from . import store as st
 from .config import SimConfig, Summary

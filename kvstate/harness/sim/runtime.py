@@ -30,7 +30,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from journal import JournalError, segments
-from journal.segments import Rotation
+from journal.rotation import Rotation
 from kvstate import events as ev
 from kvstate.checkpoint import restore, resumed_at
 from kvstate.codec import from_stored

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from journal import JournalError, OutputExists, journal_output, refuse_existing, segments
-from journal.segments import Rotation
+from journal.rotation import Rotation
 
 from ...report import emit, report_console, summary_line
 from ...safe import literal, printable
