@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from journal.writer import JournalWriter
+from journal.thread_writer import JournalWriter
 from kvstate import SchedulerLedger, WorkerLedger
 from kvstate.harness.live.mooncake_demo import mooncake_problem, run_policy
 from kvstate.harness.sim.config import SimConfig

@@ -52,7 +52,7 @@ _JOIN = (
 
 def _make_store(folder: str, engines: int, requests: int) -> None:
     from kvstate.harness.sim.config import SimConfig
-    from kvstate.harness.sim.fleet import simulate_fleet
+    from kvstate.harness.sim.shared_store import simulate_fleet
 
     config = SimConfig(requests=requests, blocks=32, seed=5)
     # bulk: the same journals as a run checked while it runs, made faster

@@ -33,7 +33,7 @@ from typing import Any
 
 from kvstate.harness.live.master import MooncakeMaster
 from kvstate.harness.vllm_engine import pd, venvs
-from kvstate.harness.vllm_engine.runs import run_engine, store_env
+from kvstate.harness.vllm_engine.engine_run import run_engine, store_env
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = {

@@ -11,7 +11,7 @@ from .jsonl import dump_record, parse_line, read_jsonl, read_jsonl_lines, write_
 from .output import OutputExists, atomic_output, journal_output, refuse_existing
 from .process_writer import ProcessWriter
 from .record import Record
-from .writer import JournalWriter
+from .thread_writer import JournalWriter
 
 __all__ = [
     "Journal",

@@ -75,7 +75,7 @@ class Journal:
     Open with ``Journal(path)`` to create or append, ``Journal(path,
     readonly=True)`` to read a journal that must already exist. One
     connection: use a journal from one thread at a time (the
-    :class:`~journal.writer.JournalWriter` owns it from its thread).
+    :class:`~journal.thread_writer.JournalWriter` owns it from its thread).
     """
 
     def __init__(

@@ -34,7 +34,7 @@ from typing import Any, Generic, TypeVar
 from ._frames import ANSWER, CLOSE, FRAME, SETTLE, WAIT
 from .errors import JournalError
 from .rotation import Rotation
-from .writing import Buffered
+from .writer_protocol import Buffered
 
 T = TypeVar("T")
 
@@ -61,13 +61,13 @@ def _close_open_writers() -> None:
 
 class ProcessWriter(Buffered[T], Generic[T]):
     """Buffers items and hands each batch to a writer process as one frame (a
-    :class:`journal.writing.Writer`).
+    :class:`journal.writer_protocol.Writer`).
 
     ``path`` is a journal that already exists (created with its schema);
     ``encode_batch`` turns a batch of items into bytes on the engine's
     side; ``codec`` names (``module:attribute``) the class the writer
     process builds, with ``codec_arg``, to turn those bytes into rows (see
-    :mod:`journal._writer_process`). ``codec_arg`` may be a function: it is
+    :mod:`journal._writer_program`). ``codec_arg`` may be a function: it is
     called when the process starts, at the first commit. ``on_report`` gets
     each non-empty report the codec sends back with an answer. A write
     failure in the writer process is raised from the next ``commit`` that
@@ -125,7 +125,7 @@ class ProcessWriter(Buffered[T], Generic[T]):
         # the writer imports the codec from where the engine found it
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         process = self._process = subprocess.Popen(
-            [sys.executable, "-m", "journal._writer_process", self.path, self._synchronous,
+            [sys.executable, "-m", "journal._writer_program", self.path, self._synchronous,
              self._codec, arg, str(os.getpid()), self._rotation],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

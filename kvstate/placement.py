@@ -1,7 +1,7 @@
 """Where a recorder's journal is written and where its audit runs, decided once.
 
 :meth:`Recorder.open <kvstate.recorder.Recorder.open>` hands its settings
-here, and :func:`place` turns them into a :class:`journal.writing.Writer`
+here, and :func:`place` turns them into a :class:`journal.writer_protocol.Writer`
 and says who folds each committed batch (the audit's ``commit`` mode):
 
 ============================  ======================  ===============================
@@ -36,7 +36,7 @@ import attrs
 
 from journal import Journal, JournalWriter, ProcessWriter
 from journal.rotation import Rotation
-from journal.writing import Writer
+from journal.writer_protocol import Writer
 
 from .audit import Auditor
 from .codec import Entry, to_row

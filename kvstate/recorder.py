@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from journal import Journal, segments
 from journal.rotation import Rotation
-from journal.writing import Writer
+from journal.writer_protocol import Writer
 
 from .audit import Auditor
 from .codec import Entry, refusal, refused
@@ -408,7 +408,7 @@ class Recorder:
     def commit(self, *, wait: bool = True, settle: bool = False) -> None:
         """End a group commit (an engine step): the batch goes to disk as one transaction.
 
-        Returns once the batch is durable (see :mod:`journal.writing`);
+        Returns once the batch is durable (see :mod:`journal.writer_protocol`);
         ``wait=False`` hands it to the writer without waiting; ``settle``
         also waits for the writer's audit of it.
         """

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvstate.harness.sim.config import SimConfig
-from kvstate.harness.sim.fleet import simulate_fleet
+from kvstate.harness.sim.shared_store import simulate_fleet
 from replay import replay
 from replay.cli import main
 from replay.cli._common import to_json
@@ -329,7 +329,7 @@ def test_the_fleet_command_in_bulk_writes_the_same_journals(
 ) -> None:
     import sqlite3
 
-    import kvstate.harness.sim.fleet as sim_fleet
+    import kvstate.harness.sim.shared_store as sim_fleet
 
     asked: list[bool] = []
 

@@ -263,3 +263,28 @@ def test_a_helper_reaches_no_ledger_not_even_for_typing(helper: str) -> None:
 def test_the_reach_check_sees_an_indirect_import() -> None:
     graph = {"kvstate._reads": {"kvstate.state"}, "kvstate.state": {"kvstate.ledger"}}
     assert "kvstate.ledger" in reaches(graph, "kvstate._reads")
+
+
+#: file names more than one library module has, each with one meaning: a
+#: connector family's half of a concept, a package's own errors, and a
+#: command named for the concept it runs (replay/cli/X.py runs replay/X.py)
+SAME_MEANING = {
+    "_hooks.py": "the patches of one connector family's adapter (kvstate/vllm/<family>/)",
+    "_worker.py": "the worker half of one connector family's adapter",
+    "errors.py": "a package's own errors (journal's, kvstate's)",
+    "export.py": "kvstate export: replay/cli/ runs replay/export.py",
+    "timeline.py": "kvstate timeline: replay/cli/ runs replay/timeline.py",
+    "watch.py": "kvstate watch: replay/cli/ runs replay/watch.py",
+    "zoo.py": "kvstate zoo: replay/cli/harness/ runs kvstate/harness/zoo.py",
+}
+
+
+def test_no_two_modules_share_a_name_with_two_meanings() -> None:
+    names: dict[str, list[str]] = {}
+    for module, path in modules():
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(module)
+    repeated = {name: found for name, found in names.items() if len(found) > 1}
+    assert set(repeated) <= set(SAME_MEANING), {
+        name: found for name, found in repeated.items() if name not in SAME_MEANING
+    }

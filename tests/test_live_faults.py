@@ -19,7 +19,7 @@ import pytest
 from kvstate.harness.live.master import MooncakeMaster
 from kvstate.harness.live.mooncake_demo import run_policy
 from kvstate.harness.sim.config import SimConfig
-from kvstate.harness.vllm_engine.progress import Stall, cpu_ticks
+from kvstate.harness.vllm_engine.watchdog import Stall, cpu_ticks
 from replay import replay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def _until(
 ) -> None:
     """Wait until ``done()``; fail only when ``watched()`` (CPU ticks, a journal's
     length) stood still for ``stall_s`` seconds. A loaded machine makes the wait
-    longer, never a failure (the demo's watchdog rule, kvstate.harness.vllm_engine.progress)."""
+    longer, never a failure (the demo's watchdog rule, kvstate.harness.vllm_engine.watchdog)."""
     stall = Stall(stall_s, watched(), time.monotonic())
     while not done():
         if stall.stalled(watched(), time.monotonic()):

@@ -218,7 +218,7 @@ def _writer_gone(journal: Path) -> None:
                 state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
-            if b"_writer_process" in cmdline and str(journal).encode() in cmdline and state != "Z":
+            if b"_writer_program" in cmdline and str(journal).encode() in cmdline and state != "Z":
                 return True
         return False
 

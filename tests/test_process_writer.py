@@ -14,7 +14,7 @@ import pytest
 from journal import Journal, JournalError, ProcessWriter
 from kvstate import events as ev
 from kvstate.codec import Entry, from_stored
-from kvstate.harness.vllm_engine.progress import Stall
+from kvstate.harness.vllm_engine.watchdog import Stall
 from kvstate.recorder import Recorder
 from kvstate.writer_codec import ORPHANED, BatchCodec, encode_batch
 from replay.verdict import replay

@@ -1,5 +1,5 @@
 """The vLLM runs' watchdogs watch progress: a slow run is never ended, a
-stalled one always is (kvstate/harness/vllm_engine/progress.py)."""
+stalled one always is (kvstate/harness/vllm_engine/watchdog.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
-from kvstate.harness.vllm_engine.progress import Progress, Stall, Watchdog, count_steps, wait
+from kvstate.harness.vllm_engine.watchdog import Progress, Stall, Watchdog, count_steps, wait
 
 
 def test_a_run_that_keeps_moving_is_never_stalled_however_long_it_takes() -> None:

@@ -120,7 +120,7 @@ def test_an_engine_its_watchdog_ended_steps_on_and_holds_its_segment(tmp_path: P
     and the keys in its segment with it. Waited on by heartbeats, not time."""
     from kvstate.harness.live.master import MooncakeMaster
     from kvstate.harness.vllm_engine import venvs
-    from kvstate.harness.vllm_engine.runs import Workload, start_engine, store_env
+    from kvstate.harness.vllm_engine.engine_run import Workload, start_engine, store_env
 
     python = venvs.python_of(venvs.ensure(ROOT, "0.27.1"))
     workload = Workload(prompts=16, groups=4, blocks=20, put_delay=600, watchdog=5)
@@ -199,7 +199,7 @@ def test_install_journals_vllms_own_connector_class(tmp_path: Path) -> None:
     """``install()`` with vLLM's own connector name: the same journal, no subclass."""
     from kvstate.harness.live.master import MooncakeMaster
     from kvstate.harness.vllm_engine import venvs
-    from kvstate.harness.vllm_engine.runs import run_engine, store_env
+    from kvstate.harness.vllm_engine.engine_run import run_engine, store_env
 
     python = venvs.python_of(venvs.ensure(ROOT, "0.32.0"))
     journals = tmp_path / "journals"
@@ -248,7 +248,7 @@ def test_two_ranks_in_processes_of_their_own(tmp_path: Path, release: str) -> No
     from kvstate import events as ev
     from kvstate.harness.live.master import MooncakeMaster
     from kvstate.harness.vllm_engine import venvs
-    from kvstate.harness.vllm_engine.runs import run_engine, store_env
+    from kvstate.harness.vllm_engine.engine_run import run_engine, store_env
 
     python = venvs.python_of(venvs.ensure(ROOT, release))
     journals = tmp_path / "journals"

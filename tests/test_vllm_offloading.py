@@ -31,7 +31,7 @@ import pytest
 
 from kvstate.harness.live.master import MooncakeMaster
 from kvstate.harness.vllm_engine import venvs
-from kvstate.harness.vllm_engine.runs import run_engine, store_env
+from kvstate.harness.vllm_engine.engine_run import run_engine, store_env
 from replay.cli.harness._vllm_runs import traces, wrong_outputs
 from replay.runs import group
 from replay.verdict import ReplayResult, replay

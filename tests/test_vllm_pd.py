@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from kvstate.harness.vllm_engine import pd_faults, venvs
+from kvstate.harness.vllm_engine.engine_run import Workload
 from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE
 from kvstate.harness.vllm_engine.pd_engine import transfer_id
-from kvstate.harness.vllm_engine.runs import Workload
 from kvstate.violations import Code
 from replay.cli.harness._vllm_pd import as_expected, block_bytes, run_pd
 from replay.cli.harness._vllm_runs import ReleaseRun

@@ -33,7 +33,7 @@ import pytest
 
 from journal import Journal
 from kvstate.harness.live.master import free_ports
-from kvstate.harness.vllm_engine.progress import Stall, cpu_ticks
+from kvstate.harness.vllm_engine.watchdog import Stall, cpu_ticks
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "docs" / "ops" / "kvstate-alerts.yml"

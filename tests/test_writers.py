@@ -1,4 +1,4 @@
-"""The writer conformance suite: every :class:`journal.writing.Writer` keeps one promise.
+"""The writer conformance suite: every :class:`journal.writer_protocol.Writer` keeps one promise.
 
 :class:`WriterContract` is the suite (the way eventsourcing's recorder tests
 are one class each recorder subclasses): durable on commit, even when the
@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import pytest
 
 from journal import Journal, JournalError, JournalWriter, ProcessWriter
-from journal.writing import Writer
+from journal.writer_protocol import Writer
 from kvstate import events as ev
 from kvstate.codec import Entry, to_row
 from kvstate.writer_codec import decode_report, encode_batch

@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 import attrs
 
-from kvstate.harness.vllm_engine.progress import Stall, cpu_ticks
+from kvstate.harness.vllm_engine.watchdog import Stall, cpu_ticks
 
 
 class MasterError(RuntimeError):

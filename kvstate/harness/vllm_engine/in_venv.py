@@ -22,7 +22,7 @@ ExampleConnector, observed by the generic adapter.
 A watchdog ends a run that stops making progress (the connector before
 vLLM #52372 can starve its pool): no step with output and no put for
 ``watchdog`` seconds, however long the run has taken
-(:mod:`kvstate.harness.vllm_engine.progress`). The journals then end with
+(:mod:`kvstate.harness.vllm_engine.watchdog`). The journals then end with
 ``engine_crashed`` naming it, and the result says so. Nothing here changes a
 vLLM decision.
 """
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from journal import atomic_output
-from kvstate.harness.vllm_engine.progress import Progress, Watchdog, count_steps
+from kvstate.harness.vllm_engine.watchdog import Progress, Watchdog, count_steps
 
 BLOCK_SIZE = 32
 
@@ -140,9 +140,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     if not torch.cuda.is_available():
         torch.cuda.Event = CpuEvent  # type: ignore[misc,assignment]
 
-    from kvstate.harness.vllm_engine import checkpoint
+    from kvstate.harness.vllm_engine import tiny_llama
 
-    model = checkpoint.write(Path(cfg["model"]), seed=cfg.get("model_seed", 0))
+    model = tiny_llama.write(Path(cfg["model"]), seed=cfg.get("model_seed", 0))
     mode = cfg["mode"]
     offloading = cfg.get("connector", "mooncake") == "offloading"
     #: the host tier runs (the OffloadingConnector alone, or in a MultiConnector)

@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from kvstate.harness.vllm_engine.runs import start_engine
+from kvstate.harness.vllm_engine.engine_run import start_engine
 
 #: the pair's engines, in the order they are started (the decode's result is read first)
 ROLES = ("prefill", "decode")

@@ -39,7 +39,7 @@ from typing import Any
 
 from kvstate.harness.vllm_engine import pd_faults
 from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE, CpuEvent, prompts, serve, write_json
-from kvstate.harness.vllm_engine.progress import Progress, Watchdog, count_steps
+from kvstate.harness.vllm_engine.watchdog import Progress, Watchdog, count_steps
 
 
 def transfer_id(run: str, i: int) -> str:
@@ -80,9 +80,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     port = int(cfg["bootstrap_port"])  # the prefill's, chosen free by the driver
     os.environ["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(port)
     _cpu_torch()
-    from kvstate.harness.vllm_engine import checkpoint
+    from kvstate.harness.vllm_engine import tiny_llama
 
-    model = checkpoint.write(Path(cfg["model"]), seed=cfg.get("model_seed", 0))
+    model = tiny_llama.write(Path(cfg["model"]), seed=cfg.get("model_seed", 0))
     journaled = cfg["mode"] == "journal"
     profiled = None  # the decode engine's CPU split (the benchmark runner's P/D row)
     if journaled and cfg.get("profile") and role == "decode":

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE
-from kvstate.harness.vllm_engine.progress import Progress
+from kvstate.harness.vllm_engine.watchdog import Progress
 
 FAULTS = ("prefill-reuse", "decode-abort")
 

@@ -27,7 +27,7 @@ import attrs
 from journal import refuse_existing
 from kvstate.harness.live.master import MooncakeMaster
 from kvstate.harness.vllm_engine import venvs
-from kvstate.harness.vllm_engine.runs import Workload, run_engine, start_engine, store_env
+from kvstate.harness.vllm_engine.engine_run import Workload, run_engine, start_engine, store_env
 from replay.facts import RunVerdict
 from replay.fleet import check_runs, cross_run, facts_path
 from replay.merge import merge

@@ -29,7 +29,7 @@ from typing import Any
 from journal import refuse_existing
 from kvstate import events as ev
 from kvstate.harness.vllm_engine import venvs
-from kvstate.harness.vllm_engine.runs import DemoError, Workload, run_engine
+from kvstate.harness.vllm_engine.engine_run import DemoError, Workload, run_engine
 from replay.merge import merge
 from replay.sources import entries
 from replay.verdict import replay

@@ -27,11 +27,11 @@ from typing import Any
 from journal import refuse_existing
 from kvstate import events as ev
 from kvstate import transfer_events as tx
-from kvstate.harness.vllm_engine import checkpoint, venvs
+from kvstate.harness.vllm_engine import tiny_llama, venvs
+from kvstate.harness.vllm_engine.engine_run import DemoError, Workload, run_engine
 from kvstate.harness.vllm_engine.in_venv import BLOCK_SIZE
 from kvstate.harness.vllm_engine.pd import ROLES, run_pair
 from kvstate.harness.vllm_engine.pd_engine import transfer_id
-from kvstate.harness.vllm_engine.runs import DemoError, Workload, run_engine
 from kvstate.violations import Code
 from replay.merge import merge
 from replay.pairs import Pair, relate
@@ -48,7 +48,7 @@ REUSE_BLOCKS = 48
 
 def block_bytes() -> int:
     """Bytes of one KV block of the demo's model (every layer's K and V, float32)."""
-    c = checkpoint.CONFIG
+    c = tiny_llama.CONFIG
     return (
         int(c["num_hidden_layers"])
         * 2

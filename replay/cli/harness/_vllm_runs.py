@@ -2,7 +2,7 @@
 
 For each release: a reference run without a connector (the greedy tokens
 every prompt should produce), then a journaled run against a Mooncake master
-started on free loopback ports (:mod:`kvstate.harness.vllm_engine.runs` runs the
+started on free loopback ports (:mod:`kvstate.harness.vllm_engine.engine_run` runs the
 engines). The per-process journals are merged into ``OUT/legacy.db`` /
 ``OUT/fixed.db`` and replayed here; a wrong output is traced to the
 violations that name its request. Here, in the command line, because it
@@ -25,7 +25,7 @@ from journal import atomic_output, refuse_existing
 from kvstate import events as ev
 from kvstate.harness.live.master import MooncakeMaster
 from kvstate.harness.vllm_engine import venvs
-from kvstate.harness.vllm_engine.runs import NAMES, DemoError, Workload, run_engine, store_env
+from kvstate.harness.vllm_engine.engine_run import NAMES, DemoError, Workload, run_engine, store_env
 from replay.merge import merge
 from replay.sources import entries
 from replay.verdict import ReplayResult, replay

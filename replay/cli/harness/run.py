@@ -307,7 +307,7 @@ def _rotation(args: argparse.Namespace) -> Rotation | None:
 
 def _fleet(args: argparse.Namespace, config: SimConfig, rotation: Rotation | None) -> int:
     """``--engines N``: the engines one after another, a journal each in a folder."""
-    from kvstate.harness.sim.fleet import engine_journal, simulate_fleet
+    from kvstate.harness.sim.shared_store import engine_journal, simulate_fleet
 
     folder = args.journal if args.journal != "run.db" else "fleet"
     os.makedirs(folder, exist_ok=True)

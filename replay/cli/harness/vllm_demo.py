@@ -30,7 +30,7 @@ from .._common import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from kvstate.harness.vllm_engine.runs import Workload
+    from kvstate.harness.vllm_engine.engine_run import Workload
 
     from ._vllm_runs import ReleaseRun
 
@@ -212,7 +212,7 @@ def _say(line: str) -> None:
 
 def _workload(args: argparse.Namespace, connector: str) -> Workload:
     """The workload of ``connector``'s runs: its defaults, what the user set."""
-    from kvstate.harness.vllm_engine.runs import Workload
+    from kvstate.harness.vllm_engine.engine_run import Workload
 
     default = {"offloading": OFFLOADING_DEFAULTS, "pd": PD_DEFAULTS}.get(
         connector, MOONCAKE_DEFAULTS
@@ -281,7 +281,7 @@ def _runs(
 def _as_expected(runs: list[ReleaseRun], connector: str, fault: str | None = None) -> bool:
     """Each connector's pre-fix run flagged, its fixed one clean with no wrong
     output; an injected fault flagged and every wrong output traced."""
-    from kvstate.harness.vllm_engine.runs import NAMES
+    from kvstate.harness.vllm_engine.engine_run import NAMES
 
     if connector == "offloading":
         from ._vllm_offloading import as_expected
@@ -303,7 +303,7 @@ def _as_expected(runs: list[ReleaseRun], connector: str, fault: str | None = Non
 
 def _table(columns: list[tuple[ReleaseRun, int]]) -> Table:
     """Every run a column; a figure one connector has not is left blank in another's."""
-    from kvstate.harness.vllm_engine.runs import NAMES
+    from kvstate.harness.vllm_engine.engine_run import NAMES
 
     table = Table(box=None, pad_edge=False)
     table.add_column("")
@@ -342,7 +342,7 @@ def _guarded(call: Callable[[], T]) -> tuple[T | None, int]:
     """Run the engines; on what a run can meet (Ctrl-C, a demo, venv or
     master error, unusable output) None and the exit status, the error said."""
     from kvstate.harness.live.master import MasterError
-    from kvstate.harness.vllm_engine.runs import DemoError
+    from kvstate.harness.vllm_engine.engine_run import DemoError
     from kvstate.harness.vllm_engine.venvs import VenvError
 
     try:

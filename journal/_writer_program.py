@@ -1,6 +1,6 @@
 """The journal writer process: the program behind :class:`journal.ProcessWriter`.
 
-Run as ``python -m journal._writer_process PATH SYNCHRONOUS CODEC ARG PARENT_PID``.
+Run as ``python -m journal._writer_program PATH SYNCHRONOUS CODEC ARG PARENT_PID``.
 It reads frames from standard input, each one encoded batch handed over by
 the engine process, turns a batch into rows with the application's codec
 (``CODEC`` names ``module:attribute``, called with ``ARG``; it has

@@ -33,7 +33,7 @@ from .errors import JournalError
 from .record import Record
 from .rotation import Rotation
 from .segments import Rotating
-from .writing import Buffered
+from .writer_protocol import Buffered
 
 T = TypeVar("T")
 _STOP = object()
@@ -52,7 +52,7 @@ def _flush_open_writers() -> None:
 
 class JournalWriter(Buffered[T], Generic[T]):
     """Buffers items and writes them to a :class:`Journal` in batches (a
-    :class:`journal.writing.Writer`).
+    :class:`journal.writer_protocol.Writer`).
 
     ``after_write`` is called with each batch once it is written, on the
     thread that wrote it (an application's audit of what it committed).

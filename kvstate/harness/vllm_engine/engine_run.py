@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from kvstate.harness.live.master import MasterAddress
-from kvstate.harness.vllm_engine import progress
+from kvstate.harness.vllm_engine.watchdog import wait
 
 #: release -> the name of its journal in OUT
 NAMES = {"0.27.1": "legacy", "0.32.0": "fixed"}
@@ -83,15 +83,13 @@ class Engine:
         (frozen, so its own watchdog could not end it) is killed. A run that
         leaves no result raises :class:`DemoError` with the log's tail.
         """
-        status = progress.wait(self.process, self.stall_s, self.beat, self.log)
+        status = wait(self.process, self.stall_s, self.beat, self.log)
         return self._read(status)
 
     def holding(self) -> dict[str, Any]:
         """Wait until a holding run has done its work (its result is written)
         while it keeps its store segment mounted; its result."""
-        status = progress.wait(
-            self.process, self.stall_s, self.beat, self.log, until=self.out.exists
-        )
+        status = wait(self.process, self.stall_s, self.beat, self.log, until=self.out.exists)
         return self._read(status)
 
     def release(self) -> dict[str, Any]:
