@@ -86,7 +86,8 @@ test: setup vllm-venvs vllm-unit-tests
 # The longer real-engine suites (marker long), kept out of `make test` so it
 # stays within 30 minutes after the venvs: vLLM 0.32.0's and 0.33.0's own
 # connector tests run plain and observed, the OffloadingConnector's history
-# on its older releases, and the P/D pair's injected faults. About 10 minutes.
+# on its older releases, the P/D pair's injected faults, the fleet
+# mid-upgrade, the profiled run and 0.27.1's two ranks. About 12 minutes.
 test-long: setup vllm-venvs vllm-unit-tests
 	$(BIN)/python -m pytest -o addopts= -rs -v -m long
 
