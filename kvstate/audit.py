@@ -34,18 +34,12 @@ from typing import Any
 from . import events as ev
 from .archive import Archive
 from .codec import Entry
+from .folder import Folder
 from .ledger import Ledger
-from .rank import JobInfo, RankLedger
-from .violations import Violation
+from .rank import JobInfo, RankLedger, RanksAlone
+from .violations import LISTED_FINDINGS, Violation
 
 AUDIT_MODES = ("inline", "commit", "off")
-
-#: findings an auditor lists; later ones are counted in ``omitted``. An
-#: engine that breaks an invariant every step, observed for weeks, must not
-#: grow its process (or the writer process) with the findings: the first
-#: ones explain the incident, the journal holds every record, and replay
-#: lists every finding.
-LISTED_FINDINGS = 10_000
 
 
 class Auditor:
@@ -79,6 +73,8 @@ class Auditor:
         self.ledger: Ledger | None = None
         #: the rank folds when no scheduler records to this recorder
         self.ranks: dict[int, RankLedger] = {}
+        #: the loop that folds into one of them (built with the first record)
+        self._folder: Folder | None = None
         self._built = False
         #: a writer process folds this recorder's batches (see :meth:`hand_to_writer`)
         self.folded_remotely = False
@@ -110,36 +106,31 @@ class Auditor:
         """The journal's first record."""
         self._header = entry
 
-    def _build(self) -> None:
+    def _build(self) -> Folder:
         self._built = True
         if self._scheduler:
             self.ledger = Ledger(observes_workers=self._workers, archive=self._archive)
+            self._folder = Folder(self.ledger)
+            if self._header is not None:
+                h = self._header
+                self._folder.fold(h.seq, h.step, h.event)
         else:
             self.ledger = None
             self.ranks = {
                 rank: RankLedger(rank, specs, knows_all_jobs=False)
                 for rank, specs in self._specs.items()
             }
-        if self._header is not None and self.ledger is not None:
-            h = self._header
-            self.ledger.apply(h.seq, h.step, h.event)
+            self._folder = Folder(RanksAlone(self.ranks))
+        return self._folder
 
-    def apply(self, seq: int, step: int, event: ev.Event) -> list[Violation]:
+    def fold(self, seq: int, step: int, event: ev.Event) -> list[Violation]:
         """Fold one record; returns its findings (also kept in :attr:`violations`).
 
         A record the fold refuses as a journal (a second header describing
         another engine) raises :class:`journal.RecordError`, as replay would.
         """
-        if not self._built:
-            self._build()
-        if self.ledger is not None:
-            found = self.ledger.apply(seq, step, event)
-        else:
-            found = []
-            rank = ev.rank_of(event)
-            ledger = self.ranks.get(rank) if rank is not None else None
-            if ledger is not None:
-                ledger.apply(seq, event, found)
+        folder = self._folder if self._folder is not None else self._build()
+        found = folder.fold(seq, step, event)
         if found:
             self._list(found, untaken=self.mode != "inline")  # inline, the caller acts now
             self._tell_first(found)
@@ -167,13 +158,14 @@ class Auditor:
             self._first_told = True
             self.on_first(first)
 
-    def apply_entries(self, entries: list[Entry]) -> list[Violation]:
+    def fold_batch(self, entries: list[Entry]) -> list[Violation]:
         """Fold a committed batch (the ``commit`` mode's writer side, in this
         process or the writer process); returns its findings."""
-        apply = self.apply
-        found: list[Violation] = []
-        for seq, step, _ts, event in entries:
-            found += apply(seq, step, event)
+        folder = self._folder if self._folder is not None else self._build()
+        found = folder.batch(entries)
+        if found:
+            self._list(found, untaken=self.mode != "inline")
+            self._tell_first(found)
         return found
 
     def take_new(self) -> list[Violation]:
@@ -184,7 +176,7 @@ class Auditor:
 
     def add_found(self, found: list[Violation], *, folded: bool = False) -> None:
         """Findings no ledger call took: folded elsewhere (the writer process),
-        or by :meth:`apply` already (``folded``: kept, not counted twice)."""
+        or by :meth:`fold` already (``folded``: kept, not counted twice)."""
         if found:
             self._list(found, listed=not folded)
             self._tell_first(found)

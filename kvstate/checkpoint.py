@@ -35,12 +35,8 @@ from . import events as ev
 from ._layered import LayeredSet
 from ._ledger_state import FOLDED, LedgerState
 from ._parking import PARK_AFTER, SWEEP_EVERY, Parking
-from .audit import LISTED_FINDINGS
-from .codec import Entry
-from .ledger import Ledger
 from .rank import RankLedger, RankState
-from .spill import SpillArchive
-from .violations import Violation
+from .violations import LISTED_FINDINGS, Violation
 
 #: the layout of a checkpoint's parts; a reader refuses any other
 FORMAT = 1
@@ -93,37 +89,6 @@ def parts(
         yield _dumps(("parked", batch))
     for writes in ledger.archive.key_writes(newest_key_writes):
         yield _dumps(("keys", writes))
-
-
-class Checkpoints:
-    """What a journal's writer keeps to write its checkpoints: the fold, as
-    replay folds the journal (``ledger``: one already folding so, the live
-    audit's; else one of its own), and its findings, the first
-    :data:`MAX_FINDINGS` listed and the rest counted."""
-
-    def __init__(self, ledger: Ledger | None = None) -> None:
-        #: whether this folds the records itself (else :meth:`note` is told the findings)
-        self.folds = ledger is None
-        self.ledger = ledger if ledger is not None else Ledger(archive=SpillArchive())
-        self.found: list[Violation] = []
-        self.omitted = 0
-
-    def fold(self, entries: Iterable[Entry]) -> None:
-        """Fold a committed batch (when this folds itself)."""
-        apply = self.ledger.apply
-        for seq, step, _ts, event in entries:
-            found = apply(seq, step, event)
-            if found:
-                self.note(found)
-
-    def note(self, found: list[Violation]) -> None:
-        room = MAX_FINDINGS - len(self.found)
-        self.found += found[:room]
-        self.omitted += max(0, len(found) - room)
-
-    def parts(self) -> Iterator[bytes]:
-        """The checkpoint after the last batch folded."""
-        return parts(self.ledger, self.found, omitted=self.omitted)
 
 
 @attrs.frozen

@@ -39,6 +39,18 @@ class Entry(NamedTuple):
     event: Event
 
 
+class Located(NamedTuple):
+    """An entry and where it was read: file, own seq, and line for JSON Lines.
+
+    A named tuple rather than an attrs class: one is made per record read.
+    """
+
+    entry: Entry
+    path: str
+    seq: int
+    line: int | None
+
+
 #: the one encoder of the storage form
 _encode = msgspec.msgpack.Encoder().encode
 #: the one decoder of each kind's storage form, and what the general path needs

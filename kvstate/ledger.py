@@ -20,7 +20,7 @@ end-of-run checks), ``_parking`` (settled state out of memory) and
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from journal import RecordError
@@ -36,7 +36,6 @@ from ._parking import PARK_AFTER, SWEEP_EVERY, Parking
 from ._quiescence import check_ended, check_quiescent
 from ._reads import check_enqueued_reads, check_epochs, check_key, check_load
 from .archive import Archive
-from .codec import Entry
 from .state import (
     FINISHED,
     PREEMPTED,
@@ -154,14 +153,6 @@ class Ledger(LedgerState):
         if parking is not None and self.records % parking.sweep_every == 0:
             parking.sweep()
         return out
-
-    def fold(self, entries: Iterable[Entry]) -> list[Violation]:
-        """Apply entries in order, then the end-of-journal check; return every finding."""
-        found: list[Violation] = []
-        for entry in entries:
-            found.extend(self.apply(entry.seq, entry.step, entry.event))
-        found.extend(self.end())
-        return found
 
     def end(self) -> list[Violation]:
         """The journal ends here: warn if it ends before the engine did

@@ -106,7 +106,7 @@ def place(
         # Whether the process folds is known when it starts: the auditor's
         # ``folded_remotely`` says so, and the recorder folds what it does not.
         return Placement(writer, writer_folds=False, writer_checks=True)
-    after = auditor.apply_entries if folds else None
+    after = auditor.fold_batch if folds else None
     return Placement(
         JournalWriter(journal, to_row, background=background, after_write=after, rotation=rotation),
         writer_folds=folds,

@@ -523,3 +523,21 @@ class RankLedger(RankState):
             "rank": self.rank,
             "requests": {req: s.to_dict() for req, s in sorted(self.requests.items())},
         }
+
+
+class RanksAlone:
+    """The fold of ranks that record without their scheduler (an audit of a
+    worker process's recorder): each rank's records go to that rank's
+    ledger, and a record of a rank that registered nothing here is not
+    this fold's."""
+
+    def __init__(self, ranks: dict[int, RankLedger]) -> None:
+        self.ranks = ranks
+
+    def apply(self, seq: int, step: int, event: ev.Event) -> list[Violation]:
+        found: list[Violation] = []
+        rank = ev.rank_of(event)
+        ledger = self.ranks.get(rank) if rank is not None else None
+        if ledger is not None:
+            ledger.apply(seq, event, found)
+        return found

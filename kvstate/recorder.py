@@ -323,7 +323,7 @@ class Recorder:
         """
         entry = self._append(event, step)
         if self._inline:
-            self.auditor.add_found(self.auditor.apply(entry.seq, step, event), folded=True)
+            self.auditor.add_found(self.auditor.fold(entry.seq, step, event), folded=True)
         return entry
 
     def _append(self, event: _Event, step: int) -> Entry:
@@ -367,7 +367,7 @@ class Recorder:
             if self.strict and not self._inline:
                 self.settle()
         if self._inline:
-            found = auditor.apply(seq, step, event)
+            found = auditor.fold(seq, step, event)
             if auditor.untaken:  # what records no ledger made were found to break
                 return auditor.take_new() + found
             return found
@@ -392,7 +392,7 @@ class Recorder:
 
     @property
     def violations(self) -> list[Violation]:
-        """The audit's findings so far, the first :data:`~kvstate.audit.LISTED_FINDINGS`
+        """The audit's findings so far, the first :data:`~kvstate.violations.LISTED_FINDINGS`
         of them (``auditor.omitted`` counts the rest; replay lists them all)."""
         return self.auditor.violations
 
@@ -422,7 +422,7 @@ class Recorder:
                     # the writer checks values: fold what it writes, a
                     # record_refused in place of a refused record
                     batch = [_as_written(entry) for entry in batch]
-                self.auditor.apply_entries(batch)
+                self.auditor.fold_batch(batch)
 
     def flush(self) -> None:
         """Commit and wait until the journal holds every recorded event."""

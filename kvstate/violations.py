@@ -120,6 +120,14 @@ CODE_ORDER = {code: i for i, code in enumerate(Code)}
 _ENTITIES = ("job", "req", "gen", "rank", "block", "key")
 
 
+#: findings a long-lived fold lists (the live audit, a writer's checkpoints);
+#: later ones are counted. An engine that breaks an invariant every step,
+#: observed for weeks, must not grow its process (or the writer process)
+#: with the findings: the first ones explain the incident, the journal holds
+#: every record, and replay lists every finding.
+LISTED_FINDINGS = 10_000
+
+
 @attrs.frozen(slots=True)
 class Violation:
     """One breach found by the fold.

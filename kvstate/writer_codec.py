@@ -43,7 +43,7 @@ from .violations import Code, Violation
 
 if TYPE_CHECKING:
     from .audit import Auditor
-    from .checkpoint import Checkpoints
+    from .checkpointer import Checkpoints
     from .figures import Figures
     from .live_counts import LiveCounts
 
@@ -150,7 +150,7 @@ class BatchCodec:
         #: audit's fold where it folds as replay does, else one of their own
         self._checkpoints: Checkpoints | None = None
         if checkpoints:
-            from .checkpoint import Checkpoints
+            from .checkpointer import Checkpoints
 
             same = self._auditor is not None and audit == "scheduler+workers"
             self._checkpoints = Checkpoints(self._auditor.state() if same else None)  # type: ignore[union-attr]
@@ -226,7 +226,7 @@ class BatchCodec:
     def committed(self) -> None:
         """The batch is in the journal: fold it."""
         auditor = self._auditor
-        found = [] if auditor is None else auditor.apply_entries(self._entries)
+        found = [] if auditor is None else auditor.fold_batch(self._entries)
         self._found += found
         checkpoints = self._checkpoints
         if checkpoints is not None:

@@ -23,12 +23,12 @@ from typing import Any, TextIO
 from kvstate import events as ev
 from kvstate.checkpoint import Resumed
 from kvstate.codec import Entry
+from kvstate.folder import Folder
 from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
 
 from .explain import describe
 from .sources import open_stream
-from .verdict import folding
 
 SCHEDULER_PID = 1
 SENDING_TID = 1
@@ -178,7 +178,7 @@ def write_perfetto(paths: Sequence[str], out: TextIO) -> tuple[int, str]:
     ledger = Ledger(archive=SpillArchive())
     violations = 0
     resumed: Resumed | None = None
-    for entry, found in folding(stream, ledger):
+    for entry, found in Folder(ledger).located(stream):
         violations += sum(1 for v in found if not v.is_warning)
         if type(entry.event) is Resumed:
             resumed = entry.event  # the head was removed: no record to draw

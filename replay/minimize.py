@@ -18,6 +18,7 @@ import attrs
 from journal import RecordError
 from kvstate import events as ev
 from kvstate.codec import Entry
+from kvstate.folder import Folder
 from kvstate.ledger import Ledger
 from kvstate.violations import Code, Violation
 
@@ -38,10 +39,9 @@ class Minimized:
 
 def first_violation(entries: Sequence[Entry]) -> Violation | None:
     """The first non-warning violation of a journal, or None (also for unusable input)."""
-    ledger = Ledger()
     try:
-        for entry in entries:
-            for v in ledger.apply(entry.seq, entry.step, entry.event):
+        for _entry, found in Folder(Ledger()).entries(entries):
+            for v in found:
                 if not v.is_warning:
                     return v
     except RecordError:

@@ -22,28 +22,16 @@ import os
 import threading
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from journal import Journal, RecordError, is_journal_file, read_jsonl_lines, segments
 from journal.database import BEFORE_FIRST
 from journal.jsonl import JsonlReader
 from kvstate import events as ev
 from kvstate.checkpoint import Resumed, resumed_at
-from kvstate.codec import Entry, from_record, from_stored
+from kvstate.codec import Entry, Located, from_record, from_stored
 
 from .interleave import interleave
-
-
-class Located(NamedTuple):
-    """An entry and where it was read: file, own seq, and line for JSON Lines.
-
-    A named tuple rather than an attrs class: one is made per record read.
-    """
-
-    entry: Entry
-    path: str
-    seq: int
-    line: int | None
 
 
 def _existing(path: str | os.PathLike[str]) -> str:

@@ -9,7 +9,7 @@ folds only the records in between: no full refold per keypress.
 Records come from the one reader, :func:`replay.sources.open_records` (by
 seq from a journal database, opened read-only; from memory for JSON Lines
 and merged journals), and are folded by the one fold loop,
-:func:`replay.verdict.folding`. In follow mode new records are picked up as
+:meth:`kvstate.folder.Folder.located`. In follow mode new records are picked up as
 another process appends them.
 """
 
@@ -26,11 +26,11 @@ from journal import RecordError
 from journal.database import BEFORE_FIRST
 from kvstate.archive import Archive
 from kvstate.codec import Entry
+from kvstate.folder import Folder
 from kvstate.ledger import PARK_AFTER, SWEEP_EVERY, Ledger
 from kvstate.violations import CODE_ORDER, Code, Violation
 
 from .sources import open_records
-from .verdict import folding, resume
 
 #: records between two checks of a fold's ``cancel``
 _CANCEL_EVERY = 256
@@ -78,7 +78,7 @@ class TimeTravel:
         self.first_seq = BEFORE_FIRST
         resumed = getattr(self.records, "resumed", None)
         if resumed is not None:
-            for v in resume(first, resumed):
+            for v in Folder(first).resume(resumed):
                 (self.warnings.append(v) if v.is_warning else self._add_violation(v))
             self.first_seq = self.indexed_seq = resumed.seq
         self._snapshots: list[tuple[int, Ledger]] = [(self.first_seq, first)]
@@ -100,7 +100,8 @@ class TimeTravel:
         upto = self.last_seq
         try:
             ledger = self._index_ledger
-            for entry, found in folding(self.records.between(self.indexed_seq, upto), ledger):
+            items = self.records.between(self.indexed_seq, upto)
+            for entry, found in Folder(ledger).located(items):
                 with self._lock:
                     self.kinds[entry.event.kind] += 1
                     for v in found:
@@ -265,7 +266,8 @@ class TimeTravel:
     ) -> int:
         """Apply the records ``after < seq <= upto``; returns ``upto``, or the
         last seq applied when ``cancel`` stopped it first."""
-        for n, (entry, _found) in enumerate(folding(self.records.between(after, upto), ledger)):
+        items = self.records.between(after, upto)
+        for n, (entry, _found) in enumerate(Folder(ledger).located(items)):
             if cancel is not None and n % _CANCEL_EVERY == 0 and cancel():
                 return entry.seq
         return upto

@@ -12,9 +12,9 @@ import attrs
 from journal import RecordError, is_journal_file, segments
 from journal.database import wal_state
 from kvstate.archive import Archive
-from kvstate.checkpoint import Resumed, restore
+from kvstate.checkpoint import Resumed
 from kvstate.codec import Entry
-from kvstate.errors import TemporaryStorageError
+from kvstate.folder import Folder
 from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
 from kvstate.violations import Code, Violation
@@ -141,50 +141,6 @@ class _Story:
         return {} if self.kept is not None else None  # clean and kept whole: no story
 
 
-def folding(items: Iterable[Located], ledger: Ledger) -> Iterator[tuple[Entry, list[Violation]]]:
-    """Fold each record into ``ledger`` as it is read; yields it with its findings.
-
-    The loop of the readers that judge a whole journal (replay, export,
-    ``inspect --once``): unusable input raises :class:`journal.RecordError`
-    naming the file and line or seq it was read from.
-    """
-    for item in items:
-        entry = item.entry
-        if type(entry.event) is Resumed:
-            # the journal's head was removed (journal.retention): the fold goes
-            # on from its checkpoint, and the findings before it come first
-            yield entry, resume(ledger, item)
-            continue
-        try:
-            found = ledger.apply(entry.seq, entry.step, entry.event)
-        except RecordError as exc:
-            raise exc.located(path=item.path, line=item.line, seq=item.seq) from None
-        yield entry, found
-
-
-def resume(ledger: Ledger, item: Located) -> list[Violation]:
-    """Restore ``ledger`` (nothing folded yet) from the checkpoint ``item``
-    carries; returns the findings of the removed records, and a warning
-    (``FROM_CHECKPOINT``) that the verdict covers them only as the
-    checkpoint tells them."""
-    resumed: Resumed = item.entry.event  # type: ignore[assignment]
-    if ledger.records:
-        raise RecordError("a checkpoint after records: not where a journal begins",
-                          path=item.path, seq=item.seq)  # fmt: skip
-    try:
-        found = restore(ledger, resumed)
-    except (RecordError, TemporaryStorageError):
-        raise  # the input named, or the machine's temporary storage (exit 3)
-    except Exception as exc:  # a checkpoint of the right form holding the wrong values
-        raise RecordError(
-            f"the checkpoint cannot be restored: {type(exc).__name__}: {exc}",
-            path=item.path,
-            seq=item.seq,
-        ) from None
-    note = Violation(Code.FROM_CHECKPOINT, resumed.seq, resumed.describe())
-    return [*found, note]
-
-
 def _known_at(items: Iterable[Located], at: int) -> Iterator[Located]:
     """``items``, refused when ``at`` is before the checkpoint they begin with."""
     for item in items:
@@ -219,7 +175,7 @@ def fold_located(
     events = 0
     if at is not None:
         items = itertools.takewhile(lambda item: item.entry.seq <= at, _known_at(items, at))
-    for entry, found in folding(items, ledger):
+    for entry, found in Folder(ledger).located(items):
         if type(entry.event) is Resumed:
             warnings += [v for v in found if v.is_warning]
             violations += [v for v in found if not v.is_warning]

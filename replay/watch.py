@@ -50,12 +50,12 @@ from kvstate.checkpoint import Resumed
 from kvstate.codec import from_stored
 from kvstate.errors import TemporaryStorageError
 from kvstate.figures import Figures
+from kvstate.folder import Folder
 from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
 from kvstate.violations import Code, Violation
 
 from .sources import resumed
-from .verdict import resume
 
 log = logging.getLogger("kvstate.watch")
 
@@ -161,7 +161,7 @@ class _Followed:
         f.written = max(f.written, event.seq)
         if f.audited:
             self.ledger = Ledger(archive=SpillArchive())
-            found = resume(self.ledger, item)  # type: ignore[arg-type]
+            found = Folder(self.ledger).resume(item)  # type: ignore[arg-type]
             self.ledger.observes_workers = not f.role  # as the live audit judges it
             # the checkpoint lists the findings before it: those not counted yet
             known = self.last - skipped
@@ -248,6 +248,7 @@ class _Followed:
         f.written = max(0, journal.head()[0])
         kinds: list[str] = []
         found: list[Violation] = []
+        folder = Folder(self.ledger) if self.ledger is not None else None
         try:
             for seq, kind, step, rank, ts, payload in journal.stored_rows(
                 after=self.last, upto=self.last + CHUNK
@@ -259,9 +260,10 @@ class _Followed:
                     if f.audited:
                         # settled state parks on disk: a watch runs for weeks
                         self.ledger = Ledger(observes_workers=not f.role, archive=SpillArchive())
+                        folder = Folder(self.ledger)
                 kinds.append(kind)
-                if self.ledger is not None:
-                    found += self.ledger.apply(seq, entry.step, entry.event)
+                if folder is not None:
+                    found += folder.fold(seq, entry.step, entry.event)
         finally:
             f.fold(kinds, [], self.ledger)
             self._found(found)

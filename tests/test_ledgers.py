@@ -11,6 +11,7 @@ import pytest
 
 from kvstate import JobSpec, Ledger, Recorder, SchedulerLedger, WorkerLedger
 from kvstate import events as ev
+from kvstate.folder import fold_all
 from kvstate.violations import (
     DoubleReportError,
     EarlyReleaseError,
@@ -37,7 +38,7 @@ def fold(sched: SchedulerLedger) -> Ledger:
 
 def replayed(rec: Recorder) -> tuple[Ledger, list]:
     ledger = Ledger()
-    return ledger, ledger.fold(rec.entries or [])
+    return ledger, fold_all(rec.entries or [], ledger)
 
 
 def register(workers: list[WorkerLedger], sched: SchedulerLedger, job: int) -> None:

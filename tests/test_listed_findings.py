@@ -58,7 +58,7 @@ def test_a_writer_processs_auditor_lists_nothing_and_still_reports_each_batch() 
     remote.on_first = first.append
     header = ev.JournalOpened(version=1, block_size=16, world_size=1)
     events = [header, *_unknown_completions(3)]
-    found = remote.apply_entries([Entry(seq, 1, 0, e) for seq, e in enumerate(events, start=1)])
+    found = remote.fold_batch([Entry(seq, 1, 0, e) for seq, e in enumerate(events, start=1)])
     assert [v.code for v in found] == [Code.CAUSALITY] * 3
     assert remote.violations == [] and remote.untaken == [] and remote.omitted == 0
     assert [v.job for v in first] == [100]  # the first finding is still told (logged once)

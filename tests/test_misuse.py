@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvstate import JobSpec, Ledger, Recorder, SchedulerLedger, WorkerLedger
+from kvstate import JobSpec, Recorder, SchedulerLedger, WorkerLedger
 from kvstate.errors import (
     DuplicateJobError,
     LedgerUsageError,
     UnknownJobError,
     UnknownRequestError,
 )
+from kvstate.folder import fold_all
 from kvstate.policy import WorkerPolicy
 from kvstate.violations import Code, UnledgeredJobError
 
@@ -76,7 +77,7 @@ def test_an_unregistered_job_is_unledgered_live_and_in_replay() -> None:
         pytest.fail("the body of an unregistered job must not run")
     assert [e.event.kind for e in (rec.entries or [])][-2:] == ["job_skipped", "job_reported"]
     live = {v.code for v in worker.violations}
-    replayed = {v.code for v in Ledger().fold(rec.entries or []) if not v.is_warning}
+    replayed = {v.code for v in fold_all(rec.entries or []) if not v.is_warning}
     assert live == replayed == {Code.UNLEDGERED_JOB}
 
 

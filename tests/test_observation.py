@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from journal import Journal
-from kvstate import JobSpec, Ledger, Recorder, SchedulerLedger, WorkerLedger
+from kvstate import JobSpec, Recorder, SchedulerLedger, WorkerLedger
+from kvstate.folder import fold_all
 from replay import replay
 
 
@@ -19,7 +20,7 @@ def observed(world: int = 1) -> tuple[Recorder, SchedulerLedger, list[WorkerLedg
 
 
 def codes(rec: Recorder) -> list[str]:
-    return [v.code.value for v in Ledger().fold(rec.entries or []) if not v.is_warning]
+    return [v.code.value for v in fold_all(rec.entries or []) if not v.is_warning]
 
 
 def run_job(worker: WorkerLedger, job: int, req: str, gen: int) -> None:

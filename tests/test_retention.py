@@ -475,7 +475,8 @@ def test_a_checkpoint_lists_the_first_findings_and_counts_the_rest(
     must not grow its writer or its checkpoints without end: the first
     findings are listed, the rest counted, and the verdict says so."""
     from kvstate import checkpoint
-    from kvstate.checkpoint import Checkpoints, Resumed, restore, summary_of
+    from kvstate.checkpoint import Resumed, restore, summary_of
+    from kvstate.checkpointer import Checkpoints
     from kvstate.ledger import Ledger
     from replay.sources import entries
 

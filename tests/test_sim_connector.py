@@ -5,10 +5,10 @@ touch a reused request id, and every rank must report before blocks free."""
 
 from __future__ import annotations
 
+from kvstate.folder import fold_all
 from kvstate.harness.sim.batching import Request
 from kvstate.harness.sim.config import SimConfig
 from kvstate.harness.sim.runtime import Simulation
-from kvstate.ledger import Ledger
 
 BS = 4
 
@@ -58,7 +58,7 @@ def kinds(sim: Simulation, kind: str) -> list:
 
 
 def replay_violations(sim: Simulation) -> list[str]:
-    return [v.code.value for v in Ledger().fold(sim.recorder.entries or []) if not v.is_warning]
+    return [v.code.value for v in fold_all(sim.recorder.entries or []) if not v.is_warning]
 
 
 def test_running_request_appends_and_resumed_request_replaces() -> None:

@@ -14,6 +14,7 @@ stored, and the tier does not hold.
 
 from __future__ import annotations
 
+from kvstate.folder import fold_all
 from kvstate.ledger import Ledger
 from kvstate.tier_events import OFFLOADING
 from tests.builder import JournalBuilder
@@ -25,7 +26,7 @@ def offloading() -> JournalBuilder:
 
 def folded(j: JournalBuilder) -> Ledger:
     ledger = Ledger()
-    ledger.fold(j.entries())
+    fold_all(j.entries(), ledger)
     return ledger
 
 

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 
 from kvstate.codec import to_dict
+from kvstate.folder import fold_all
 from kvstate.harness.zoo import CASES, run_case
-from kvstate.ledger import Ledger
 from replay.cli import main
 
 
 def fold(case_name: str, policy: str):  # type: ignore[no-untyped-def]
     recorder = run_case(CASES[case_name], policy)
     entries = recorder.entries or []
-    found = [v for v in Ledger().fold(entries) if not v.is_warning]
+    found = [v for v in fold_all(entries) if not v.is_warning]
     return entries, found
 
 

@@ -17,13 +17,13 @@ from rich.console import Console
 from rich.text import Text
 
 from kvstate.checkpoint import Resumed
+from kvstate.folder import Folder
 from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
 from kvstate.violations import CODE_ORDER, Code
 from replay.report import emit
 from replay.safe import printable
 from replay.sources import open_stream
-from replay.verdict import folding
 
 from ._spool import ViolationSpool
 from ._views import overview
@@ -61,7 +61,7 @@ def index_once(paths: Sequence[str]) -> OnceIndex:
     spool = ViolationSpool()
     counted: dict[Code, list[int]] = {}
     last = first_seq = 0
-    for entry, found in folding(stream, ledger):
+    for entry, found in Folder(ledger).located(stream):
         last = entry.seq
         if type(entry.event) is Resumed:
             first_seq = entry.seq  # the head was removed: the records begin after it

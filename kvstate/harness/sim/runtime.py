@@ -34,6 +34,7 @@ from journal.rotation import Rotation
 from kvstate import events as ev
 from kvstate.checkpoint import restore, resumed_at
 from kvstate.codec import from_stored
+from kvstate.folder import Folder, fold_all
 from kvstate.harness.legacy import (
     LegacyCrash,
     scheduler_policy,
@@ -509,10 +510,11 @@ class Simulation:
         first), across its segments, and from its checkpoint where retention
         removed its head (the findings of the removed records come first)."""
         if self.journal is None:
-            return ledger.fold(self.recorder.entries or [])
+            return fold_all(self.recorder.entries or [], ledger)
         self.recorder.flush()
         check_journal(self.journal)
         found: list[Violation] = []
+        folder = Folder(ledger)
         for index, journal in enumerate(segments.segments(self.journal)):
             with journal:
                 start = resumed_at(journal) if index == 0 else None
@@ -520,7 +522,7 @@ class Simulation:
                     found += restore(ledger, start)
                 for seq, kind, step, rank, ts, payload in journal.stored_rows():
                     entry = from_stored(seq, kind, step, rank, ts, payload, journal.path)
-                    found += ledger.apply(entry.seq, entry.step, entry.event)
+                    found += folder.fold(entry.seq, entry.step, entry.event)
         return found + ledger.end()
 
     def close(self) -> None:
