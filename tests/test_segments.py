@@ -17,6 +17,7 @@ import msgpack
 import pytest
 
 from journal import Journal, TamperedError
+from journal import rotation as rotation_module
 from journal import segments as seg
 from journal.errors import SegmentError
 from journal.rotation import Rotation
@@ -132,7 +133,7 @@ def test_rotation_never_overwrites_a_segment(tmp_path: Path) -> None:
 
 def test_rotation_by_age(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
-    monkeypatch.setattr(seg.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(rotation_module.time, "monotonic", lambda: now[0])
     rotation = Rotation(max_seconds=60)
     journal = Journal(tmp_path / "engine.db")
     journal.append_rows(_rows(1, 10))
