@@ -58,7 +58,7 @@ def read_path(
 
     A journal whose head retention removed (:mod:`journal.retention`)
     begins with an item whose event is a :class:`kvstate.checkpoint.Resumed`:
-    the fold restores its ledger from it (:func:`replay.verdict.folding`),
+    the fold restores its ledger from it (:meth:`kvstate.folder.Folder.located`),
     other readers take its header or pass it by. It comes once the chain
     has checked the first commit after it, which links to the checkpoint.
     """
