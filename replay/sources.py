@@ -7,45 +7,49 @@ concatenated in the order given. A merged stream is renumbered 1..N in
 merged order so that seqs stay unique; :class:`Origin` maps each position
 back to its file and own seq.
 
-Two ways to read, one reader: :func:`open_stream` streams a journal once,
-in order (replay, export, fleet-check, ``inspect --once``), and
+Three ways to read, one reader: :func:`open_stream` streams a journal
+once, in order (replay, export, fleet-check, ``inspect --once``);
 :func:`open_records` reads it by seq on demand (time travel and the
-inspector). Both decode through :mod:`kvstate.codec` and parse JSON Lines
-with :class:`journal.jsonl.JsonlReader`, so a bad file gets the same error
+inspector); a :class:`Follower` reads a journal database as its writer
+appends to it, across segments and retention (``kvstate watch``). All
+three read rows and checkpoints the same way (:mod:`replay._stored`),
+decode through :mod:`kvstate.codec` and parse JSON Lines with
+:class:`journal.jsonl.JsonlReader`, so a bad file gets the same error
 whichever tool reads it.
 """
 
 from __future__ import annotations
 
-import bisect
 import os
-import threading
 from array import array
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
 
-from journal import Journal, RecordError, is_journal_file, read_jsonl_lines, segments
+from journal import RecordError, is_journal_file, read_jsonl_lines, segments
 from journal.database import BEFORE_FIRST
-from journal.jsonl import JsonlReader
 from kvstate import events as ev
-from kvstate.checkpoint import Resumed, resumed_at
-from kvstate.codec import Entry, Located, from_record, from_stored
+from kvstate.checkpoint import Resumed
+from kvstate.codec import Entry, Located, from_record
 
+from ._by_seq import DatabaseRecords, InMemory, LineRecords, Records
+from ._follow import Follower, Gone
+from ._stored import existing, resumed, rows
 from .interleave import interleave
 
-
-def _existing(path: str | os.PathLike[str]) -> str:
-    name = os.fspath(path)
-    if not os.path.exists(name) and not segments.is_removed_head(name):
-        raise RecordError("no such file", path=name)
-    if os.path.isdir(name):
-        raise RecordError("is a directory, not a journal", path=name)
-    return name
-
-
-def _rows(journal: Journal, name: str, after: int, upto: int | None) -> Iterator[Located]:
-    for seq, kind, step, rank, ts, payload in journal.stored_rows(after=after, upto=upto):
-        yield Located(from_stored(seq, kind, step, rank, ts, payload, name), name, seq, None)
+__all__ = [
+    "Follower",
+    "Gone",
+    "Located",
+    "Origin",
+    "Records",
+    "Sized",
+    "checked",
+    "collect",
+    "entries",
+    "open_records",
+    "open_stream",
+    "read_path",
+    "resumed",
+]
 
 
 def read_path(
@@ -62,7 +66,7 @@ def read_path(
     other readers take its header or pass it by. It comes once the chain
     has checked the first commit after it, which links to the checkpoint.
     """
-    name = _existing(path)
+    name = existing(path)
     if not os.path.exists(name) or is_journal_file(name):
         yield from _read_segments(name, sized)
     else:
@@ -81,22 +85,13 @@ def _read_segments(name: str, sized: Callable[[int], None] | None) -> Iterator[L
                     # seqs run on across segments: the last less the first's base is the count
                     sized(max(0, segments.last_seq(journal) - max(0, segments.base_seq(journal))))
                 pending = resumed(journal)
-            for item in _rows(journal, journal.path, BEFORE_FIRST, None):
+            for item in rows(journal, journal.path, BEFORE_FIRST, None):
                 if pending is not None:
                     yield pending  # its checkpoint is verified: the commit linking to it was
                     pending = None
                 yield item
     if pending is not None:
         yield pending
-
-
-def resumed(journal: Journal) -> Located | None:
-    """The checkpoint the first remaining segment of a journal begins with,
-    when the segments before it were removed."""
-    found = resumed_at(journal)
-    if found is None:
-        return None
-    return Located(Entry(found.seq, 0, None, found), journal.path, found.seq, None)  # type: ignore[arg-type]
 
 
 class Origin:
@@ -283,141 +278,18 @@ def collect(paths: Sequence[str], seqs: set[int]) -> dict[int, Entry]:
     return found
 
 
-# -- by seq, on demand: time travel -------------------------------------------------
-
-
-class Records(Protocol):
-    """A journal read by seq (merged positions when several are merged)."""
-
-    path: str
-
-    def last_seq(self) -> int: ...
-    def between(self, after: int, upto: int) -> Iterator[Located]: ...
-    def close(self) -> None: ...
-
-
-class _DatabaseRecords:
-    """Records of a journal database, by seq, read in chunks; read-only.
-
-    A rotated journal is read across its segments (each checked to follow
-    the one before by :func:`journal.segments.segments`); a segment that
-    appears while the journal is followed joins at the next :meth:`last_seq`.
-    """
-
-    CHUNK = 4096
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._lock = threading.Lock()  # one connection per segment, several threads
-        first = segments.open_first(path)
-        #: each segment's journal and the last seq before its first record, in order
-        self._parts: list[tuple[int, Journal]] = [(segments.base_seq(first), first)]
-        # where the head was removed (journal.retention), the oldest segment left
-        row = first.segment()
-        self._head = segments.head_name(first.path)
-        self._index = 1 if row is None else row[0]
-        self._ident: str | None = None if row is None else row[1]
-        #: the checkpoint the records begin after (None: they begin at the header)
-        self.resumed = resumed(first)
-
-    def _open_next(self) -> bool:
-        """Open the next segment, if it exists now (a rotation while followed)."""
-        journal = self._parts[-1][1]
-        # the id from an open segment: retention may have removed the first
-        self._ident = self._ident or segments.id_of_open(self._parts[0][1])
-        nxt = segments.open_next(
-            self._head, self._index + len(self._parts), journal.head(), journal.path, self._ident
-        )
-        if nxt is None:
-            return False
-        self._parts.append((segments.base_seq(nxt), nxt))
-        return True
-
-    def last_seq(self) -> int:
-        with self._lock:
-            while self._open_next():
-                pass
-            return self._parts[-1][1].head()[0]
-
-    def between(self, after: int, upto: int) -> Iterator[Located]:
-        """Records with ``after < seq <= upto``, in order."""
-        while after < upto:
-            end = min(upto, after + self.CHUNK)
-            # a chunk at a time under the lock: the inspector's threads share it
-            with self._lock:
-                chunk = []
-                for base, journal in self._parts:
-                    if end <= base:
-                        break
-                    head = journal.head()[0]
-                    if head <= after:
-                        continue
-                    chunk += list(_rows(journal, journal.path, max(after, base), min(end, head)))
-            yield from chunk
-            after = end
-
-    def close(self) -> None:
-        with self._lock:
-            for _, journal in self._parts:
-                journal.close()
-
-
-class _InMemory:
-    """Records held in memory, looked up by seq."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._items: list[Located] = []
-        self._seqs = array("q")
-
-    def _add(self, item: Located) -> None:
-        self._items.append(item)
-        self._seqs.append(item.entry.seq)
-
-    def last_seq(self) -> int:
-        return self._seqs[-1] if self._seqs else BEFORE_FIRST
-
-    def between(self, after: int, upto: int) -> Iterator[Located]:
-        start = bisect.bisect_right(self._seqs, after)
-        end = bisect.bisect_right(self._seqs, upto)
-        return iter(self._items[start:end])
-
-    def close(self) -> None:
-        pass
-
-
-class _LineRecords(_InMemory):
-    """Records of a JSON Lines file, kept in memory; lines appended since are
-    read at each :meth:`last_seq` (a journal another process is writing)."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
-        self._reader = JsonlReader(path)
-        self._lock = threading.Lock()
-
-    def last_seq(self) -> int:
-        with self._lock:
-            for line, record in self._reader.read(complete=False):
-                entry = from_record(record, path=self.path, line=line)
-                self._add(Located(entry, self.path, record.seq, line))
-        return super().last_seq()
-
-
-class _MergedRecords(_InMemory):
-    """Several journals of one run, merged as replay merges them, in memory."""
-
-    def __init__(self, paths: list[str]) -> None:
-        super().__init__(", ".join(paths))
-        stream, _origin = open_stream(paths)
-        for item in stream:
-            self._add(item)
+# -- by seq, on demand: time travel and the inspector --------------------------------
 
 
 def open_records(paths: Sequence[str]) -> Records:
     """``paths`` read by seq: a database on demand, JSON Lines and merges in memory."""
     if len(paths) > 1:
-        return _MergedRecords(list(paths))
-    name = _existing(paths[0])
+        merged = InMemory(", ".join(paths))
+        stream, _origin = open_stream(list(paths))
+        for item in stream:
+            merged.add(item)  # several journals of one run, merged as replay merges them
+        return merged
+    name = existing(paths[0])
     if not os.path.exists(name) or is_journal_file(name):
-        return _DatabaseRecords(name)
-    return _LineRecords(name)
+        return DatabaseRecords(name)
+    return LineRecords(name)

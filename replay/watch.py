@@ -2,21 +2,20 @@
 
 ``kvstate watch DIR`` (see :mod:`replay.cli.watch`) polls the folder: a
 journal that appears is followed, and each poll reads what was committed
-since the last one, chain-verified (:meth:`journal.Journal.stored_rows`),
-and folds it. A journal one process writes for every side is folded as
-replay folds it; a scheduler's journal as the writer process's audit folds
-it (its ranks' reports are in other files: completions are checked against
-the world size); a rank's journal is counted, and judged with its
-scheduler's by ``kvstate replay``. Each journal's figures
+since the last one through the one reader in follow mode
+(:class:`replay.sources.Follower`: chain-verified, across segments, from a
+checkpoint where retention removed what was not read yet), and folds it
+through the one fold loop (:class:`kvstate.folder.Folder`). A journal one
+process writes for every side is folded as replay folds it; a scheduler's
+journal as the writer process's audit folds it (its ranks' reports are in
+other files: completions are checked against the world size); a rank's
+journal is counted, and judged with its scheduler's by ``kvstate replay``. Each journal's figures
 (:class:`kvstate.figures.Figures`) are what ``/metrics`` publishes.
 
 Left on for months beside the engines, the watcher must never change what
 it reads, nor keep it from becoming what its writer makes of it:
 
-- it holds no journal open between two polls: a writer can take its file
-  out of WAL mode only while no other connection has it open
-  (:func:`journal.database._leave_wal`), so that a finished journal is one
-  file; and a file removed (by retention, by an operator) frees its disk;
+- it holds no journal open between two polls (see :mod:`replay._follow`);
 - a journal whose closing record it has read is let go of for good;
 - where the writer's retention removed a segment before the watcher read
   it, the watcher goes on from the oldest segment left, from its
@@ -43,11 +42,11 @@ from pathlib import Path
 
 import attrs
 
-from journal import Journal, JournalError, RecordError, is_journal_file, segments
+from journal import JournalError, RecordError, is_journal_file, segments
 from journal.segments import file_bytes
 from kvstate import events as ev
 from kvstate.checkpoint import Resumed
-from kvstate.codec import from_stored
+from kvstate.codec import Located
 from kvstate.errors import TemporaryStorageError
 from kvstate.figures import Figures
 from kvstate.folder import Folder
@@ -55,183 +54,60 @@ from kvstate.ledger import Ledger
 from kvstate.spill import SpillArchive
 from kvstate.violations import Code, Violation
 
-from .sources import resumed
+from .sources import Follower, Gone
 
 log = logging.getLogger("kvstate.watch")
 
 #: rows folded per journal per poll at most (the others' turn comes in between)
 CHUNK = 20_000
 
-
 #: new findings said in the log per journal; the rest are counted on /metrics
 LOGGED_FINDINGS = 1_000
 #: what a poll may fail with on one journal: that journal's line says it
 _UNREADABLE = (RecordError, JournalError, OSError, TemporaryStorageError)
-
-
-#: how often a reader opens the oldest segment again where retention removed
-#: it as it was opened (each time, retention went on: progress, not a clock)
-OPEN_TRIES = 100
 #: the records that end a journal
 _CLOSING = frozenset({"engine_idle", "engine_crashed"})
 
 
-class _Gone(Exception):
-    """Every file of a followed journal is gone (deleted or moved away)."""
-
-
 class _Followed:
-    """One journal being followed: its first segment's file, then each later
-    segment as the writer rotates into it (journal.segments).
+    """One journal being followed (read by a :class:`replay.sources.Follower`)
+    and folded.
 
     ``baseline``: the findings at seqs up to it were written before the
     watcher began, and are not new (see :attr:`Figures.new_violations`).
     """
 
     def __init__(self, path: str, *, found_at_start: bool) -> None:
-        self.path = segments.head_name(path)  # the first segment's name, even once removed
+        self.reader = Follower(path)
+        self.path = self.reader.path
         # one label for the journal's series, whichever segment it is found by
         self.figures = Figures(journal=self.path)
         self.ledger: Ledger | None = None
-        self.last = 0
-        #: the segment read now
-        self.index = 1
-        self.segment = path
-        self._ident: str | None = None
+        self._folder: Folder | None = None
         #: the closing record was read and nothing follows it: let go of for good
         self.ended = False
         self._logged = 0
-        self.baseline = 0
-        if found_at_start:
-            with segments.open_first(self.path) as journal:
-                self.baseline = segments.last_seq(journal)
-        self._open_oldest().close()  # from its checkpoint, where its head was removed
-
-    # -- where to read ---------------------------------------------------------
-
-    def _open_oldest(self) -> Journal:
-        """The oldest segment left, open: the journal's start, or its checkpoint
-        (restored where it is past what this reader read).
-
-        Retention may remove that very segment between the listing and the
-        open, or before its checkpoint is read: the listing is taken again,
-        as long as it keeps changing (:data:`OPEN_TRIES` times at most).
-        """
-        for _ in range(OPEN_TRIES):
-            before = segments.present(self.path)
-            if not before:
-                raise _Gone
-            journal = None
-            try:
-                journal = segments.open_first(self.path)
-                row = journal.segment()
-                index = 1 if row is None else row[0]
-                ident = segments.id_of_open(journal)
-                item = resumed(journal)
-                if item is not None and item.seq > self.last:
-                    self._restart(item)
-            except (JournalError, RecordError):
-                if journal is not None:
-                    journal.close()
-                if segments.present(self.path) == before:
-                    raise  # not retention's doing: said on the journal's line
-                continue
-            self.index, self.segment, self._ident = index, journal.path, ident
-            return journal
-        raise JournalError(
-            f"{self.path}: its oldest segment was removed {OPEN_TRIES} times as it was "
-            "opened: retention outruns this reader"
-        )
-
-    def _restart(self, item: object) -> None:
-        """Go on from a checkpoint: the records before it are gone."""
-        event: Resumed = item.entry.event  # type: ignore[attr-defined]
-        f = self.figures
-        f.header(event.header)
-        if self.last:
-            f.overtaken += 1  # retention removed what this reader had not read yet
-            log.warning(
-                "%s: retention removed records %d..%d before they were read; going on from "
-                "the checkpoint of %s",
-                self.path, self.last + 1, event.seq, event.path,
-            )  # fmt: skip
-        skipped = event.seq - self.last
-        self.last = event.seq
-        f.folded += skipped
-        f.written = max(f.written, event.seq)
-        if f.audited:
-            self.ledger = Ledger(archive=SpillArchive())
-            found = Folder(self.ledger).resume(item)  # type: ignore[arg-type]
-            self.ledger.observes_workers = not f.role  # as the live audit judges it
-            # the checkpoint lists the findings before it: those not counted yet
-            known = self.last - skipped
-            self._found([v for v in found if v.code is not Code.FROM_CHECKPOINT and v.seq > known])
-            if self.ledger.last_kind in _CLOSING:
-                f.closed = self.ledger.last_kind  # the closing record was among those removed
-
-    def _open_current(self) -> Journal:
-        """The segment to read from now (raises :class:`_Gone`)."""
-        if os.path.exists(self.segment):
-            try:
-                return Journal(self.segment, readonly=True)
-            except JournalError:
-                if os.path.exists(self.segment):
-                    raise
-        # removed since the last poll: by retention (later segments remain), or
-        # the whole journal deleted or moved away
-        if not os.path.exists(self.path) and not segments.later_segments(self.path):
-            raise _Gone
-        return self._open_oldest()
-
-    def _next_segment(self, journal: Journal) -> Journal:
-        """The next segment once the writer began it (the current one is whole);
-        ``journal`` itself while there is none."""
-        # the journal's id, from the segment read now: a first segment found
-        # before its first commit had none, and the head may be gone by now
-        self._ident = self._ident or segments.id_of_open(journal)
-        try:
-            nxt = segments.open_next(
-                self.path, self.index + 1, journal.head(), journal.path, self._ident
-            )
-        except JournalError:  # a SegmentError, or the file gone as it was opened
-            if os.path.exists(segments.segment_path(self.path, self.index + 1)):
-                raise  # there, and not this journal's next: said on its line
-            # removed before this reader reached it: from the oldest segment left
-            journal.close()
-            return self._open_oldest()
-        if nxt is None:
-            return journal
-        journal.close()
-        self.index, self.segment = self.index + 1, nxt.path
-        return nxt
-
-    # -- reading ---------------------------------------------------------------
+        self.baseline = self.reader.last_written() if found_at_start else 0
 
     def read(self) -> bool:
         """Fold what was committed since the last read; whether anything was.
 
-        Raises :class:`_Gone` once every file of the journal is gone.
+        Raises :class:`Gone` once every file of the journal is gone.
         """
         f = self.figures
-        if self.ended and os.path.exists(self.segment):
+        if self.ended and os.path.exists(self.reader.segment):
             # let go of: its files no longer change; a folder of weeks of
             # finished runs is not listed again for each of them every poll
             return False
         self._measure()
         if f.segments == f.segments_removed:
-            raise _Gone  # no file of it left: deleted or moved away
+            raise Gone  # no file of it left: deleted or moved away
         if f.error is not None or self.ended:
             return False
         kinds: list[str] = []
         try:
-            journal = self._open_current()
-            try:
-                if self.last >= journal.head()[0]:
-                    journal = self._next_segment(journal)
-                kinds = self._fold(journal)
-            finally:
-                journal.close()  # held by no poll: the writer can make it one file
-        except _Gone:
+            kinds = self._fold()
+        except Gone:
             raise
         except _UNREADABLE as exc:
             # one journal that cannot be read on is said on its line (and its
@@ -240,36 +116,67 @@ class _Followed:
             log.error("%s: cannot be read on: %s", self.path, exc)
         if f.closed and f.folded >= f.written:
             self.ended = True  # nothing follows engine_idle or engine_crashed
-            log.info("%s: ended with %s at seq %d; let go of", self.path, f.closed, self.last)
+            log.info(
+                "%s: ended with %s at seq %d; let go of", self.path, f.closed, self.reader.last
+            )
         return bool(kinds)
 
-    def _fold(self, journal: Journal) -> list[str]:
+    def _fold(self) -> list[str]:
         f = self.figures
-        f.written = max(0, journal.head()[0])
         kinds: list[str] = []
         found: list[Violation] = []
-        folder = Folder(self.ledger) if self.ledger is not None else None
         try:
-            for seq, kind, step, rank, ts, payload in journal.stored_rows(
-                after=self.last, upto=self.last + CHUNK
-            ):
-                entry = from_stored(seq, kind, step, rank, ts, payload, self.path)
-                self.last = seq
-                if seq == 1 and isinstance(entry.event, ev.JournalOpened):
-                    f.header(entry.event)
-                    if f.audited:
-                        # settled state parks on disk: a watch runs for weeks
-                        self.ledger = Ledger(observes_workers=not f.role, archive=SpillArchive())
-                        folder = Folder(self.ledger)
-                kinds.append(kind)
-                if folder is not None:
-                    found += folder.fold(seq, entry.step, entry.event)
+            with contextlib.closing(self.reader.read(CHUNK)) as items:
+                for item in items:
+                    event = item.entry.event
+                    if type(event) is Resumed:
+                        found += self._restart(item, folded=f.folded + len(kinds))
+                        continue
+                    if item.seq == 1 and isinstance(event, ev.JournalOpened):
+                        f.header(event)
+                        if f.audited:
+                            # settled state parks on disk: a watch runs for weeks
+                            self.ledger = Ledger(
+                                observes_workers=not f.role, archive=SpillArchive()
+                            )
+                            self._folder = Folder(self.ledger)
+                    kinds.append(event.kind)
+                    if self._folder is not None:
+                        for _entry, got in self._folder.located((item,)):
+                            found += got  # a record it refuses is named by file and seq
         finally:
+            f.written = self.reader.written
             f.fold(kinds, [], self.ledger)
             self._found(found)
             if f.folded >= f.written:
                 f.caught_up_at = time.monotonic()
         return kinds
+
+    def _restart(self, item: Located, *, folded: int) -> list[Violation]:
+        """Go on from a checkpoint: the records before it are gone. ``folded``:
+        the records read before it. Returns the findings it lists that are
+        not counted yet."""
+        event: Resumed = item.entry.event  # type: ignore[assignment]
+        f = self.figures
+        f.header(event.header)
+        if folded:
+            f.overtaken += 1  # retention removed what this reader had not read yet
+            log.warning(
+                "%s: retention removed records %d..%d before they were read; going on from "
+                "the checkpoint of %s",
+                self.path, folded + 1, event.seq, event.path,
+            )  # fmt: skip
+        f.folded += event.seq - folded  # counted as folded: the checkpoint holds them
+        if not f.audited:
+            return []
+        self.ledger = Ledger(archive=SpillArchive())
+        self._folder = Folder(self.ledger)
+        listed = self._folder.resume(item)
+        self.ledger.observes_workers = not f.role  # as the live audit judges it
+        if self.ledger.last_kind in _CLOSING:
+            f.closed = self.ledger.last_kind  # the closing record was among those removed
+        # the checkpoint lists the findings before it: those not counted yet
+        return [v for v in listed if v.code is not Code.FROM_CHECKPOINT and v.seq > folded]
 
     def _found(self, found: list[Violation]) -> None:
         """Count findings, and say each new one in the log (up to LOGGED_FINDINGS)."""
@@ -296,7 +203,8 @@ class _Followed:
         with its log: what the disk holds), and when it was last written."""
         f = self.figures
         on_disk = segments.present(self.path)
-        f.segments = max(self.index, on_disk[-1][0]) if on_disk else self.index
+        index = self.reader.index
+        f.segments = max(index, on_disk[-1][0]) if on_disk else index
         f.segments_removed = f.segments - len(on_disk)
         f.bytes = sum(file_bytes(name) for _, name in on_disk)
         times = []
@@ -334,7 +242,7 @@ class Watcher:
             with self._lock:
                 try:
                     progressed |= followed.read()
-                except _Gone:
+                except Gone:
                     del self._followed[name]
                     log.warning(
                         "%s: gone (deleted or moved away); no longer followed", followed.path

@@ -188,6 +188,37 @@ def test_watch_follows_a_journal_that_retention_overtakes(plain: Path, tmp_path:
     assert dict(f.violations) == _codes(replay([str(plain)]).violations)
 
 
+def test_a_commit_between_the_head_and_the_rows_read_is_counted_as_written(
+    plain: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer commits its last records, the closing one among them, after
+    the watcher read how far the journal goes and before it read the rows: the
+    watcher folds them, and the journal is not left looking behind its own
+    fold (it is let go of once ended, and would say so forever)."""
+    from replay import _follow
+
+    folder = tmp_path / "journals"
+    folder.mkdir()
+    with Journal(plain, readonly=True) as source:
+        rows = list(source.stored_rows())
+    writer = Journal(folder / "engine.db")
+    writer.append_rows(rows[:-5])
+    read_rows = _follow.rows
+
+    def writer_commits_first(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        if writer.head()[0] < len(rows):
+            writer.append_rows(rows[-5:])
+        return read_rows(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_follow, "rows", writer_commits_first)
+    watcher = Watcher(folder)
+    watcher.poll()
+    writer.close()
+    (f,) = watcher.figures()
+    assert f.closed == "engine_idle"
+    assert f.folded == f.written == len(rows) and f.lag_records() == 0
+
+
 def test_watch_forgets_a_journal_deleted_and_lets_go_of_its_file(
     plain: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
