@@ -14,7 +14,8 @@ on the records of one recorder:
   :meth:`Recorder.open`): the caller pays only for its guards and the
   hand-over. A writer process folds a batch once it is durable, so its
   findings come back with the answer to the next commit; a strict ledger
-  raises them at its first call after that;
+  raises them at its first call after that (:mod:`kvstate.placement`
+  fixes where, when the journal opens);
 * ``off``: nothing is folded live; ``kvstate replay`` judges the journal.
 
 What the fold is depends on what the recorder carries, known once the
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import events as ev
 from .archive import Archive
@@ -38,6 +39,9 @@ from .folder import Folder
 from .ledger import Ledger
 from .rank import JobInfo, RankLedger, RanksAlone
 from .violations import LISTED_FINDINGS, Violation
+
+if TYPE_CHECKING:
+    from .writer_codec import Fold
 
 AUDIT_MODES = ("inline", "commit", "off")
 
@@ -76,8 +80,6 @@ class Auditor:
         #: the loop that folds into one of them (built with the first record)
         self._folder: Folder | None = None
         self._built = False
-        #: a writer process folds this recorder's batches (see :meth:`hand_to_writer`)
-        self.folded_remotely = False
         #: called once, with the first finding that is not a warning
         self.on_first: Callable[[Violation], None] | None = None
         self._first_told = False
@@ -186,17 +188,7 @@ class Auditor:
         """Whether the ranks' job specs are needed: ranks alone record here."""
         return not self._scheduler and self.mode != "off"
 
-    def hand_to_writer(self) -> str:
-        """What the writer process folds (``""``: nothing), as it starts.
-
-        From then on :attr:`folded_remotely` says whether it folds this recorder's
-        batches; where it does not, the committing thread does.
-        """
-        config = self.remote_config() or ""
-        self.folded_remotely = bool(config)
-        return config
-
-    def remote_config(self) -> str | None:
+    def remote_config(self) -> Fold | None:
         """What a writer process must fold for this recorder: ``scheduler`` or
         ``scheduler+workers``; None when it cannot (ranks alone: the specs
         they register are not in the journal) or the audit is not ``commit``."""
@@ -205,7 +197,7 @@ class Auditor:
         return "scheduler+workers" if self._workers else "scheduler"
 
     @classmethod
-    def remote(cls, config: str, archive: Archive | None) -> Auditor:
+    def remote(cls, config: Fold, archive: Archive | None) -> Auditor:
         """The auditor a writer process runs for :meth:`remote_config`'s ``config``."""
         auditor = cls("commit")
         auditor.lists = False  # each batch's findings go back with its answer

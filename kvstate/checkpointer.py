@@ -18,8 +18,8 @@ class Checkpoints:
     :data:`~kvstate.checkpoint.MAX_FINDINGS` listed and the rest counted."""
 
     def __init__(self, ledger: Ledger | None = None) -> None:
-        #: whether this folds the records itself (else :meth:`note` is told the findings)
-        self.folds = ledger is None
+        #: whether this folds the records itself (else the live audit does)
+        self._folds = ledger is None
         ledger = ledger if ledger is not None else Ledger(archive=SpillArchive())
         self._folder = Folder(ledger, listed=checkpoint.MAX_FINDINGS)
 
@@ -37,15 +37,13 @@ class Checkpoints:
         """The findings counted and not listed."""
         return self._folder.omitted
 
-    def fold(self, entries: Iterable[Entry]) -> None:
-        """Fold a committed batch (when this folds itself)."""
-        found = self._folder.batch(entries)
+    def committed(self, entries: Iterable[Entry], found: list[Violation]) -> None:
+        """A batch is committed: fold it, where this folds itself; else keep
+        ``found``, what the live audit's fold (this one's ledger) found in it."""
+        if self._folds:
+            found = self._folder.batch(entries)
         if found:
             self._folder.keep(found)
-
-    def note(self, found: list[Violation]) -> None:
-        """Findings the live audit folded (when this does not fold itself)."""
-        self._folder.keep(found)
 
     def parts(self) -> Iterator[bytes]:
         """The checkpoint after the last batch folded."""

@@ -1,24 +1,28 @@
-"""Where a recorder's journal is written and where its audit runs, decided once.
+"""Where a recorder's journal is written and where its fold runs: one value.
 
 :meth:`Recorder.open <kvstate.recorder.Recorder.open>` hands its settings
-here, and :func:`place` turns them into a :class:`journal.writer_protocol.Writer`
-and says who folds each committed batch (the audit's ``commit`` mode):
+to :func:`place`, which fixes, before the first record, a :class:`Placement`:
+the writer, and the :class:`Site` where the audit's fold runs. The recorder
+carries it; nothing else decides or repeats where the fold runs:
 
 ============================  ======================  ===============================
-settings                      writer                  who folds a committed batch
+settings                      writer                  where the fold runs (``commit``)
 ============================  ======================  ===============================
 ``process=True`` (default)    a writer process        the writer process, once the
-                                                      batch is durable; the
-                                                      committing thread when it
-                                                      cannot (ranks alone: their job
-                                                      specs are not in the journal)
+                                                      batch is durable
 ``process=False``             a writer thread         the writer thread, after the
 (``background=True``)                                 write
 ``background=False``          the committing thread   the committing thread
 ============================  ======================  ===============================
 
 An ``inline`` audit folds each record on the caller's thread as it is
-recorded, and ``off`` folds nothing, whatever the writer.
+recorded (:attr:`Site.CALLER`), and ``off`` folds nothing
+(:attr:`Site.NOWHERE`), whatever the writer.
+
+One case is settled here too, when the writer process starts: ranks that
+record without their scheduler are judged against the job specs they
+registered, which are not in the journal, so the writer process cannot
+fold their records; the committing thread folds them instead.
 
 Values the contract refuses never reach the journal: a writer process
 decodes every record anyway, and writes a ``record_refused`` (an addition to
@@ -30,31 +34,126 @@ encode and one decode per record.
 
 from __future__ import annotations
 
+import enum
 import os
-
-import attrs
+from collections.abc import Callable
 
 from journal import Journal, JournalWriter, ProcessWriter
 from journal.rotation import Rotation
 from journal.writer_protocol import Writer
 
+from . import events as ev
 from .audit import Auditor
-from .codec import Entry, to_row
-from .writer_codec import codec_arg, decode_report, encode_batch
+from .codec import Entry, refusal, refused, to_row
+from .violations import Violation
+from .writer_codec import CodecSettings, decode_report, encode_batch
 
 
-@attrs.frozen
+class Site(enum.Enum):
+    """Where the audit's fold runs."""
+
+    #: each record as it is recorded, on the caller's thread (``audit="inline"``)
+    CALLER = "the caller's thread"
+    #: each committed batch, on the thread that committed it
+    COMMITTING_THREAD = "the committing thread"
+    #: each batch, on the writer thread, after the write
+    WRITER_THREAD = "the writer thread"
+    #: each batch, in the writer process, once it is durable
+    WRITER_PROCESS = "the writer process"
+    #: nowhere live (``audit="off"``): ``kvstate replay`` judges the journal
+    NOWHERE = "nowhere"
+
+
+def _as_written(entry: Entry) -> Entry:
+    """An entry as a writer process writes it: a ``record_refused`` in place
+    of a record whose values the contract refuses."""
+    problem = refusal(entry.event)
+    if problem is None:
+        return entry
+    return refused(entry.seq, entry.step, entry.ts, entry.event.kind, problem)
+
+
 class Placement:
-    """A writer, whether it folds what it writes itself, and whether it checks values."""
+    """A recorder's writer and the site of its fold, fixed when it opens.
 
-    writer: Writer[Entry]
-    #: the writer folds every batch it writes (the committing thread need not)
-    writer_folds: bool
-    #: the writer checks each record's values against the contract and
-    #: writes a ``record_refused`` in place of one it refuses (a writer
-    #: process, which decodes every record anyway); else the recorder
-    #: refuses such a value at the call
-    writer_checks: bool = False
+    The recorder asks it only what to do, never where: whether to check a
+    value at the call (:attr:`check`), to fold a record as it is recorded
+    (:attr:`fold_now`), to keep committed batches (:attr:`keeps_batches`)
+    and fold them (:meth:`committed`), and whether an audit follows a
+    commit (:attr:`settles`).
+    """
+
+    def __init__(self, site: Site, auditor: Auditor, writer: Writer[Entry] | None = None) -> None:
+        self.site = site
+        self.auditor = auditor
+        self.writer = writer
+        #: under a writer process: whether it folds (known once it starts:
+        #: not for ranks recording without their scheduler, see the module)
+        self._process_folds = False
+
+    @property
+    def check(self) -> Callable[[ev.Event], str | None] | None:
+        """The contract's value check on the caller's thread; None where the
+        writer process checks each record (and writes ``record_refused``)."""
+        return None if isinstance(self.writer, ProcessWriter) else refusal
+
+    @property
+    def fold_now(self) -> Callable[[int, int, ev.Event], list[Violation]] | None:
+        """The fold of one record on the caller's thread, where it runs there."""
+        return self.auditor.fold if self.site is Site.CALLER else None
+
+    @property
+    def keeps_batches(self) -> bool:
+        """Whether the recorder keeps each batch for :meth:`committed` (a
+        journal writer thread folds what it writes itself)."""
+        if self.site is Site.COMMITTING_THREAD:
+            return self.writer is None
+        return self.site is Site.WRITER_PROCESS
+
+    @property
+    def settles(self) -> bool:
+        """Whether an audit follows each commit (what :meth:`Recorder.settle` waits for)."""
+        return self.site not in (Site.CALLER, Site.NOWHERE)
+
+    @property
+    def writer_process_folds(self) -> bool:
+        """Whether a writer process folds the batches (known once it started)."""
+        return self._process_folds
+
+    def committed(self, batch: list[Entry]) -> None:
+        """A batch is committed: fold it on this thread, unless it is folded elsewhere."""
+        if self.site is Site.COMMITTING_THREAD and self.writer is None:
+            self.auditor.fold_batch(batch)
+        elif self.site is Site.WRITER_PROCESS and not self._process_folds:
+            # ranks alone: fold what the writer process wrote, a record_refused
+            # in place of a refused record
+            self.auditor.fold_batch([_as_written(entry) for entry in batch])
+
+    def _codec_settings(self, settings: CodecSettings) -> str:
+        """What the writer process's codec is built with, as it starts (the
+        ledgers that record here are attached by then)."""
+        fold = self.auditor.remote_config() if self.site is Site.WRITER_PROCESS else None
+        self._process_folds = fold is not None
+        return settings.with_fold(fold).encode()
+
+
+def site_of(audit: str, *, process: bool, background: bool, writer: bool = True) -> Site:
+    """Where an audit of mode ``audit`` folds with this writer (the table above);
+    ``writer`` False: no journal (an in-memory recorder)."""
+    if audit == "inline":
+        return Site.CALLER
+    if audit == "off":
+        return Site.NOWHERE
+    if writer and process:
+        return Site.WRITER_PROCESS
+    if writer and background:
+        return Site.WRITER_THREAD
+    return Site.COMMITTING_THREAD
+
+
+def in_memory(auditor: Auditor) -> Placement:
+    """The placement of a recorder without a journal."""
+    return Placement(site_of(auditor.mode, process=False, background=False, writer=False), auditor)
 
 
 def place(
@@ -69,12 +168,11 @@ def place(
     counts: str | None = None,
     rotation: Rotation | None = None,
 ) -> Placement:
-    """The writer of ``journal`` at ``path`` for these settings (see the table above).
+    """The placement of ``journal`` at ``path`` for these settings (see the table above).
 
     ``journal`` is open with its schema; a writer process opens its own, so
     this closes it then.
     """
-    folds = auditor.mode == "commit"
     if (metrics is not None or counts is not None) and not process:
         raise ValueError("live figures come from the writer process: open it with process=True")
     retains = rotation is not None and rotation.retains
@@ -83,31 +181,31 @@ def place(
             "retention removes segments only after a checkpoint of the fold, which the "
             "writer process writes: open it with process=True"
         )
+    site = site_of(auditor.mode, process=process, background=background)
     if process:
         journal.close()
-        writer: Writer[Entry] = ProcessWriter(
+        settings = CodecSettings(
+            metrics=metrics,
+            counts=counts,
+            journal=os.fspath(path),
+            checkpoints=retains,
+            budget=rotation.keep_bytes if rotation is not None else None,
+        )
+        placement = Placement(site, auditor)
+        placement.writer = ProcessWriter(
             path,
             encode_batch,
             "kvstate.writer_codec:BatchCodec",
             synchronous=synchronous,
-            # read when the process starts (at the first commit), once the
-            # ledgers that record here are attached
-            codec_arg=lambda: codec_arg(
-                auditor.hand_to_writer(),
-                metrics=metrics,
-                counts=counts,
-                journal=os.fspath(path),
-                checkpoints=retains,
-                budget=rotation.keep_bytes if rotation is not None else None,
-            ),
+            codec_arg=lambda: placement._codec_settings(settings),
             on_report=lambda report: auditor.add_found(decode_report(report)),
             rotation=rotation,
         )
-        # Whether the process folds is known when it starts: the auditor's
-        # ``folded_remotely`` says so, and the recorder folds what it does not.
-        return Placement(writer, writer_folds=False, writer_checks=True)
-    after = auditor.fold_batch if folds else None
-    return Placement(
-        JournalWriter(journal, to_row, background=background, after_write=after, rotation=rotation),
-        writer_folds=folds,
+        return placement
+    # the journal writer folds each batch after its write, on its thread or
+    # on the committing thread
+    after = auditor.fold_batch if site in (Site.WRITER_THREAD, Site.COMMITTING_THREAD) else None
+    writer = JournalWriter(
+        journal, to_row, background=background, after_write=after, rotation=rotation
     )
+    return Placement(site, auditor, writer)

@@ -30,17 +30,16 @@ from collections.abc import Callable
 
 from journal import Journal, segments
 from journal.rotation import Rotation
-from journal.writer_protocol import Writer
 
 from .audit import Auditor
-from .codec import Entry, refusal, refused
+from .codec import Entry, refusal
 from .errors import RefusedValueError
 from .events import EVENT_TYPES, JournalOpened
 from .events import Event as _Event
 from .extras import require_metrics_extra
 from .figures import metrics_address
 from .live_counts import LiveCounts
-from .placement import place
+from .placement import Placement, in_memory, place
 from .violations import Violation, raise_for
 
 # Entry is a NamedTuple; tuple.__new__ builds one without the generated
@@ -102,42 +101,35 @@ def journal_views() -> dict[str, tuple[str, ...]]:
     return views
 
 
-def _as_written(entry: Entry) -> Entry:
-    """An entry as a writer that checks values writes it."""
-    problem = refusal(entry.event)
-    if problem is None:
-        return entry
-    return refused(entry.seq, entry.step, entry.ts, entry.event.kind, problem)
-
-
 class Recorder:
     """Numbers events, hands them to the journal writer, and audits them.
 
     Thread-safe: the scheduler and every rank of one process may share a
     recorder; ``seq`` order is then the order in which they recorded.
 
-    ``audit`` is where the fold runs: ``inline`` (each record as it is
+    ``audit`` is the audit's mode: ``inline`` (each record as it is
     recorded, on the caller's thread), ``commit`` (each committed batch,
-    where :mod:`kvstate.placement` puts it) or ``off``. ``writer_folds``:
-    the writer folds what it writes, so the committing thread need not.
+    where the journal is written) or ``off``. ``placement`` carries the
+    writer and where the fold runs (:mod:`kvstate.placement`; a recorder
+    without one keeps no journal).
     """
 
     def __init__(
         self,
         header: JournalOpened,
-        writer: Writer[Entry] | None = None,
+        placement: Placement | None = None,
         *,
         keep: bool = False,
         clock: Callable[[], int] = time.monotonic_ns,
         audit: str = "inline",
-        auditor: Auditor | None = None,
-        writer_folds: bool = False,
-        writer_checks: bool = False,
     ) -> None:
-        self.writer = writer
-        self.auditor = auditor if auditor is not None else Auditor(audit)
-        audit = self.auditor.mode
-        self._inline = audit == "inline"
+        if placement is None:
+            placement = in_memory(Auditor(audit))
+        self.placement = placement
+        self.writer = placement.writer
+        self.auditor = placement.auditor
+        #: the fold of each record as it is recorded, where it runs on the caller's thread
+        self._fold_now = placement.fold_now
         #: a ledger in strict mode records here: close() raises what no call raised
         self.strict = False
         #: the writer process's audit counts, shared as it folds (``live_counts``)
@@ -150,19 +142,17 @@ class Recorder:
         #: the contract's check of each record's values, on the caller's
         #: thread, unless the writer checks them (a writer process, which
         #: writes a ``record_refused`` in place of a refused record)
-        self._check = None if writer_checks else refusal
+        self._check = placement.check
         self._lock = threading.Lock()
         self._next_seq = 1
         self._closed = False
-        #: records of this commit still to fold here (``commit`` audit where
-        #: the writer does not fold them)
-        self._unaudited: list[Entry] | None = None
-        if audit == "commit" and not writer_folds:
-            self._unaudited = []
+        #: records of this commit still to fold on the committing thread
+        #: (where the placement says so)
+        self._unaudited: list[Entry] | None = [] if placement.keeps_batches else None
         # Chosen once, so the hot path makes no None checks.
         sinks: list[Callable[[Entry], None]] = []
-        if writer is not None:
-            sinks.append(writer.append)
+        if self.writer is not None:
+            sinks.append(self.writer.append)
         if self.entries is not None:
             sinks.append(self.entries.append)
         if self._unaudited is not None:
@@ -291,15 +281,7 @@ class Recorder:
             counts=None if counts is None else counts.path,
             rotation=rotation,
         )
-        recorder = cls(
-            header,
-            placed.writer,
-            keep=keep,
-            clock=clock,
-            auditor=auditor,
-            writer_folds=placed.writer_folds,
-            writer_checks=placed.writer_checks,
-        )
+        recorder = cls(header, placed, keep=keep, clock=clock)
         recorder.live_counts = counts
         log = logger if logger is not None else logging.getLogger("kvstate")
         auditor.on_first = functools.partial(_log_first, log, os.fspath(path))
@@ -313,7 +295,7 @@ class Recorder:
         header = JournalOpened(
             version=1, block_size=block_size, world_size=world_size, policy=policy
         )
-        return cls(header, None, keep=True, audit=audit)
+        return cls(header, keep=True, audit=audit)
 
     def record(self, event: _Event, step: int) -> Entry:
         """Append one event no ledger acts on (the runtime's audit records); returns its entry.
@@ -322,8 +304,8 @@ class Recorder:
         and, with a strict ledger here, for :meth:`close` to raise.
         """
         entry = self._append(event, step)
-        if self._inline:
-            self.auditor.add_found(self.auditor.fold(entry.seq, step, event), folded=True)
+        if self._fold_now is not None:
+            self.auditor.add_found(self._fold_now(entry.seq, step, event), folded=True)
         return entry
 
     def _append(self, event: _Event, step: int) -> Entry:
@@ -361,13 +343,14 @@ class Recorder:
         """
         seq, step, _ts, event = self._append(event, step)
         auditor = self.auditor
+        fold_now = self._fold_now
         if suspect:
             if self.suspected is not None:
                 self.suspected.append(seq)
-            if self.strict and not self._inline:
+            if self.strict and fold_now is None:
                 self.settle()
-        if self._inline:
-            found = auditor.fold(seq, step, event)
+        if fold_now is not None:
+            found = fold_now(seq, step, event)
             if auditor.untaken:  # what records no ledger made were found to break
                 return auditor.take_new() + found
             return found
@@ -377,7 +360,7 @@ class Recorder:
 
     def settle(self) -> None:
         """Commit, and return once the audit has folded everything recorded so far."""
-        if self.auditor.mode == "commit":
+        if self.placement.settles:
             self.commit(settle=True)
 
     @property
@@ -417,12 +400,7 @@ class Recorder:
         if self._unaudited:
             with self._lock:
                 batch, self._unaudited[:] = list(self._unaudited), []
-            if not self.auditor.folded_remotely:  # else the writer process folds it
-                if self._check is None:
-                    # the writer checks values: fold what it writes, a
-                    # record_refused in place of a refused record
-                    batch = [_as_written(entry) for entry in batch]
-                self.auditor.fold_batch(batch)
+            self.placement.committed(batch)
 
     def flush(self) -> None:
         """Commit and wait until the journal holds every recorded event."""

@@ -18,19 +18,18 @@ With an audit configuration (see :meth:`kvstate.audit.Auditor.remote_config`)
 the codec also folds every committed batch, parking settled state in a
 :class:`~kvstate.spill.SpillArchive`, and its :meth:`BatchCodec.report`
 carries the findings back to the engine with the writer's next answer.
-With a metrics address (:func:`codec_arg`), it keeps the journal's
+With a metrics address (:class:`CodecSettings`), it keeps the journal's
 :class:`~kvstate.figures.Figures` as it commits and folds, and serves them
 on ``/metrics`` from this process: the engine's thread pays nothing more.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import msgspec
 
@@ -77,30 +76,38 @@ def encode_batch(batch: list[Entry]) -> bytes:
     return _encode(([entry[3].kind for entry in kept], kept))
 
 
-def codec_arg(
-    audit: str,
-    *,
-    metrics: str | None,
-    counts: str | None,
-    journal: str,
-    checkpoints: bool = False,
-    budget: int | None = None,
-) -> str:
-    """What the writer process's :class:`BatchCodec` is built with: the
-    audit's configuration alone, or, with a metrics address, a live counts
-    file (:mod:`kvstate.live_counts`) or checkpoints (retention), JSON."""
-    if metrics is None and counts is None and not checkpoints and budget is None:
-        return audit
-    return json.dumps(
-        {
-            "audit": audit,
-            "metrics": metrics,
-            "counts": counts,
-            "journal": journal,
-            "checkpoints": checkpoints,
-            "budget": budget,
-        }
-    )
+#: what a writer process folds (see :meth:`kvstate.audit.Auditor.remote_config`)
+Fold = Literal["scheduler", "scheduler+workers"]
+
+
+class CodecSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the writer process's :class:`BatchCodec` is built with: one typed
+    value, handed to the process on its command line as JSON."""
+
+    #: what it folds (see :meth:`kvstate.audit.Auditor.remote_config`): a
+    #: scheduler alone, or a scheduler and its ranks; None: nothing
+    fold: Fold | None = None
+    #: ``HOST:PORT`` where it serves the journal's figures on ``/metrics``
+    metrics: str | None = None
+    #: a live counts file it shares with the engine (:mod:`kvstate.live_counts`)
+    counts: str | None = None
+    #: the journal's path (the figures' label)
+    journal: str = ""
+    #: whether it keeps the fold for retention's checkpoints
+    checkpoints: bool = False
+    #: the retention byte budget (for the figures)
+    budget: int | None = None
+
+    def with_fold(self, fold: Fold | None) -> CodecSettings:
+        """These settings folding ``fold`` (as the engine decides once its ledgers attach)."""
+        return msgspec.structs.replace(self, fold=fold)
+
+    def encode(self) -> str:
+        return msgspec.json.encode(self).decode()
+
+    @classmethod
+    def decode(cls, text: str) -> CodecSettings:
+        return msgspec.json.decode(text, type=cls) if text else cls()
 
 
 def encode_report(found: list[Violation]) -> bytes:
@@ -121,22 +128,15 @@ def decode_report(report: bytes) -> list[Violation]:
 class BatchCodec:
     """Rows from blobs, in the journal writer process (see :mod:`journal.process_writer`).
 
-    ``audit`` is the engine's :meth:`~kvstate.audit.Auditor.remote_config`
-    (empty: no audit here).
+    ``settings`` is a :class:`CodecSettings` as JSON (empty: none of them).
     """
 
-    def __init__(self, audit: str = "") -> None:
+    def __init__(self, settings: str = "") -> None:
         from .codec import _DECODERS  # the one decoder of each kind
 
-        metrics = counts = journal = None
-        checkpoints = False
-        budget: int | None = None
-        if audit.startswith("{"):
-            settings = json.loads(audit)
-            audit, metrics, journal = settings["audit"], settings["metrics"], settings["journal"]
-            counts = settings["counts"]
-            checkpoints = settings.get("checkpoints", False)
-            budget = settings.get("budget")
+        given = CodecSettings.decode(settings)
+        audit, metrics, counts = given.fold, given.metrics, given.counts
+        journal, checkpoints, budget = given.journal, given.checkpoints, given.budget
         self._decoders = _DECODERS
         self._decode_blob = msgspec.msgpack.Decoder(_Blob).decode
         self._last_step = 0
@@ -230,10 +230,7 @@ class BatchCodec:
         self._found += found
         checkpoints = self._checkpoints
         if checkpoints is not None:
-            if checkpoints.folds:
-                checkpoints.fold(self._entries)
-            elif found:
-                checkpoints.note(found)
+            checkpoints.committed(self._entries, found)
         self._entries = []
         figures = self.figures
         if figures is not None:

@@ -483,7 +483,7 @@ def test_a_checkpoint_lists_the_first_findings_and_counts_the_rest(
     monkeypatch.setattr(checkpoint, "MAX_FINDINGS", 50)
     plain, _, _ = twins
     kept = Checkpoints()
-    kept.fold(list(entries([str(plain)])))
+    kept.committed(list(entries([str(plain)])), [])
     assert len(kept.found) == 50 and kept.omitted > 100
     blobs = list(kept.parts())
     header, _, omitted = summary_of("x.db", 1707, blobs[0])

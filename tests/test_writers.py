@@ -29,7 +29,7 @@ from journal import Journal, JournalError, JournalWriter, ProcessWriter
 from journal.writer_protocol import Writer
 from kvstate import events as ev
 from kvstate.codec import Entry, to_row
-from kvstate.writer_codec import decode_report, encode_batch
+from kvstate.writer_codec import CodecSettings, decode_report, encode_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ev.JournalOpened(version=1, block_size=4, world_size=1)
@@ -72,7 +72,8 @@ def process_writer(path: Path) -> Writer[Entry]:
     Journal(path).close()  # the schema; the process opens its own
     found = FOUND.setdefault(str(path), [])
     return ProcessWriter(
-        path, encode_batch, "kvstate.writer_codec:BatchCodec", codec_arg="scheduler",
+        path, encode_batch, "kvstate.writer_codec:BatchCodec",
+        codec_arg=CodecSettings(fold="scheduler").encode(),
         on_report=lambda report: found.extend(decode_report(report)),
     )  # fmt: skip
 
