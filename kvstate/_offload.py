@@ -53,14 +53,16 @@ from typing import Any
 
 import attrs
 
+from ._copying import NESTED, PLAIN, SHARED, copied, copied_by
 from .state import BlockState, Incarnation, StoreJobState
 from .violations import Code, Violation, finding
 
 Out = list[Violation]
 
 
-def _copy_sets(d: dict[Any, dict[int, None]]) -> dict[Any, dict[int, None]]:
-    return {k: dict(v) for k, v in d.items()}
+def _RESUMED(value: dict[str, tuple[int, int, set[str]]], _new: Any) -> dict[str, Any]:
+    """req -> (gen, seq, keys): the keys' set copied."""
+    return {req: (gen, seq, set(keys)) for req, (gen, seq, keys) in value.items()}
 
 
 #: evicted keys remembered, the newest: only a finding's wording ("evicted",
@@ -75,60 +77,47 @@ class OffloadState:
     """The offloading protocol's folded state (see the module docstring)."""
 
     #: the header declared ``protocol: "offloading"``
-    on: bool = False
+    on: bool = attrs.field(default=False, metadata=copied_by(SHARED))
     #: req -> its jobs enqueued and not yet ended (job -> True for a load)
-    live: dict[str, dict[int, bool]] = attrs.Factory(dict)
+    live: dict[str, dict[int, bool]] = attrs.field(factory=dict, metadata=copied_by(NESTED))
     #: block -> live stores still reading it on some rank (protocol only)
-    readers: dict[int, dict[int, None]] = attrs.Factory(dict)
+    readers: dict[int, dict[int, None]] = attrs.field(factory=dict, metadata=copied_by(NESTED))
     #: store job -> ranks on which it finished reading (protocol only)
-    read_done: dict[int, set[int]] = attrs.Factory(dict)
+    read_done: dict[int, set[int]] = attrs.field(factory=dict, metadata=copied_by(NESTED))
     #: the step of the last flush_requested, and the jobs it flushed so far
-    flush_step: int = -1
-    flushed: dict[int, int] = attrs.Factory(dict)
+    flush_step: int = attrs.field(default=-1, metadata=copied_by(SHARED))
+    flushed: dict[int, int] = attrs.field(factory=dict, metadata=copied_by(PLAIN))
     #: tier key -> the seq of the tier_stored that holds it now
-    held: dict[str, int] = attrs.Factory(dict)
+    held: dict[str, int] = attrs.field(factory=dict, metadata=copied_by(PLAIN))
     #: tier key -> the seq of the tier_evicted that dropped it last, for the
     #: newest EVICTED_KEPT keys evicted and not stored since
-    evicted: dict[str, int] = attrs.Factory(dict)
+    evicted: dict[str, int] = attrs.field(factory=dict, metadata=copied_by(PLAIN))
     #: tier key -> live loads reading it
-    reading: dict[str, dict[int, None]] = attrs.Factory(dict)
+    reading: dict[str, dict[int, None]] = attrs.field(factory=dict, metadata=copied_by(NESTED))
     #: the seq of the current scheduler step's first record
-    step_seq: int = 0
+    step_seq: int = attrs.field(default=0, metadata=copied_by(SHARED))
     #: finish-time store -> (its job_enqueued, that record's seq, a block handed
     #: over this step, the hand-over's seq): to be flushed before the step ends
-    due: dict[int, tuple[Any, int, int, int]] = attrs.Factory(dict)
+    due: dict[int, tuple[Any, int, int, int]] = attrs.field(factory=dict, metadata=copied_by(PLAIN))
     #: req -> (gen, the resume's seq, tier keys that incarnation loaded or
     #: stored) while an incarnation begun by ``request_resumed`` runs (protocol only)
-    resumed: dict[str, tuple[int, int, set[str]]] = attrs.Factory(dict)
+    resumed: dict[str, tuple[int, int, set[str]]] = attrs.field(
+        factory=dict, metadata=copied_by(_RESUMED)
+    )
     #: resumed incarnations that finished in this step, and in the step
     #: before: their finish-time stores come the step after the finish
-    finished_now: list[tuple[str, int]] = attrs.Factory(list)
-    finished_before: list[tuple[str, int]] = attrs.Factory(list)
+    finished_now: list[tuple[str, int]] = attrs.field(factory=list, metadata=copied_by(PLAIN))
+    finished_before: list[tuple[str, int]] = attrs.field(factory=list, metadata=copied_by(PLAIN))
     #: tier key -> live store jobs writing it (protocol only): the connector
     #: skips a key another store is already writing, as one the tier holds
-    storing: dict[str, dict[int, None]] = attrs.Factory(dict)
+    storing: dict[str, dict[int, None]] = attrs.field(factory=dict, metadata=copied_by(NESTED))
     #: store job a cache reset discarded -> the reset's seq, while it may still
     #: copy into its released tier chunk on some rank and no promotion was
     #: flagged against it yet
-    late: dict[int, int] = attrs.Factory(dict)
+    late: dict[int, int] = attrs.field(factory=dict, metadata=copied_by(PLAIN))
 
     def copy(self) -> OffloadState:
-        return attrs.evolve(
-            self,
-            live={req: dict(jobs) for req, jobs in self.live.items()},
-            readers=_copy_sets(self.readers),
-            read_done={job: set(ranks) for job, ranks in self.read_done.items()},
-            flushed=dict(self.flushed),
-            held=dict(self.held),
-            evicted=dict(self.evicted),
-            reading=_copy_sets(self.reading),
-            due=dict(self.due),
-            resumed={req: (gen, seq, set(keys)) for req, (gen, seq, keys) in self.resumed.items()},
-            storing=_copy_sets(self.storing),
-            late=dict(self.late),
-            finished_now=list(self.finished_now),
-            finished_before=list(self.finished_before),
-        )
+        return copied(self)
 
     # -- jobs begin and end --------------------------------------------------------------
 

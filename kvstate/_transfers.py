@@ -37,6 +37,7 @@ from __future__ import annotations
 import attrs
 
 from . import transfer_events as tx
+from ._copying import EVOLVED, PLAIN, copied, copied_by
 from .state import Incarnation
 from .violations import Code, Violation, finding
 
@@ -64,31 +65,24 @@ class TransferState:
     """The connector-boundary lifecycle's folded state (see the module docstring)."""
 
     #: req -> (computed, matched, load_async, seq) of its last answer, until the request changes
-    matches: dict[str, tuple[int, int, bool, int]] = attrs.Factory(dict)
+    matches: dict[str, tuple[int, int, bool, int]] = attrs.field(
+        factory=dict, metadata=copied_by(PLAIN)
+    )
     #: req -> its outstanding asynchronous load
-    loading: dict[str, _Load] = attrs.Factory(dict)
+    loading: dict[str, _Load] = attrs.field(factory=dict, metadata=copied_by(EVOLVED))
     #: block -> the request whose outstanding load writes it
-    targets: dict[int, str] = attrs.Factory(dict)
+    targets: dict[int, str] = attrs.field(factory=dict, metadata=copied_by(PLAIN))
     #: req -> its last load reported done, until the request ends
-    loaded: dict[str, _Load] = attrs.Factory(dict)
+    loaded: dict[str, _Load] = attrs.field(factory=dict, metadata=copied_by(EVOLVED))
     #: block -> (req, gen, finish seq) of the delayed free that keeps it
-    held: dict[int, tuple[str, int, int]] = attrs.Factory(dict)
+    held: dict[int, tuple[str, int, int]] = attrs.field(factory=dict, metadata=copied_by(PLAIN))
     #: (req, gen) -> finish seq of each delayed free not yet released
-    delayed: dict[tuple[str, int], int] = attrs.Factory(dict)
+    delayed: dict[tuple[str, int], int] = attrs.field(factory=dict, metadata=copied_by(PLAIN))
     #: req -> gen of an incarnation begun by request_resumed with no table yet
-    resumed: dict[str, int] = attrs.Factory(dict)
+    resumed: dict[str, int] = attrs.field(factory=dict, metadata=copied_by(PLAIN))
 
     def copy(self) -> TransferState:
-        return attrs.evolve(
-            self,
-            matches=dict(self.matches),
-            loading={r: attrs.evolve(x) for r, x in self.loading.items()},
-            targets=dict(self.targets),
-            loaded={r: attrs.evolve(x) for r, x in self.loaded.items()},
-            held=dict(self.held),
-            delayed=dict(self.delayed),
-            resumed=dict(self.resumed),
-        )
+        return copied(self)
 
     # -- a waiting request's match ------------------------------------------------------
 
