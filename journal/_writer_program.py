@@ -3,14 +3,11 @@
 Run as ``python -m journal._writer_program PATH SYNCHRONOUS CODEC ARG PARENT_PID``.
 It reads frames from standard input, each one encoded batch handed over by
 the engine process, turns a batch into rows with the application's codec
-(``CODEC`` names ``module:attribute``, called with ``ARG``; it has
-``rows(blob)``, ``committed()``, ``report()`` and ``orphaned(last_seq)``,
-``checkpoint()`` where the journal keeps a retention budget, and, if it
-likes, ``rotated(index, path, removed)`` after each rotation and
-``sized(rotate_bytes, checkpoint_bytes, short_bytes)`` when the journal
-rotates, at the start and after each rotation: the rotation size in force,
-the checkpoint's bytes and what the byte budget lacks, see
-:mod:`journal.retention`),
+(a :class:`journal.row_codec.RowCodec`: ``CODEC`` names its class as
+``module:attribute``, built with the settings string ``ARG``; it is told of
+each rotation, and of the sizes in force at the start and after each
+rotation: the rotation size, the checkpoint's bytes and what the byte
+budget lacks, see :mod:`journal.retention`),
 appends it to the journal as one commit, tells the codec, and answers on
 standard output when the engine asked to wait, with the codec's report
 (kvstate's: what its audit of the committed records found). The codec's
@@ -38,6 +35,7 @@ from typing import Any
 from journal._frames import ANSWER, CLOSE, FRAME, SETTLE, WAIT
 from journal.database import Journal
 from journal.rotation import Rotation
+from journal.row_codec import RowCodec
 from journal.segments import Rotating
 
 #: how often (seconds) an idle writer checks that its parent is still alive;
@@ -70,19 +68,17 @@ def _answer(fd: int, ticket: int, error: str | None, report: bytes) -> None:
         data = data[os.write(fd, data) :]
 
 
-def _on_rotate(codec: Any, rotation: Rotation | None) -> Any:
+def _on_rotate(codec: RowCodec, rotation: Rotation | None) -> Any:
     """What the writer calls after each rotation: the codec's ``rotated``,
     then its ``sized``; the sizes as they stand at the start are told now."""
-    rotated, sized = getattr(codec, "rotated", None), getattr(codec, "sized", None)
-    if rotation is None or sized is None:
-        return rotated
+    if rotation is None:
+        return codec.rotated
 
     def told(index: int, path: str, removed: list[str]) -> None:
-        if rotated is not None:
-            rotated(index, path, removed)
-        sized(rotation.rotate_bytes, rotation.checkpoint_bytes, rotation.short_bytes)
+        codec.rotated(index, path, removed)
+        codec.sized(rotation.rotate_bytes, rotation.checkpoint_bytes, rotation.short_bytes)
 
-    sized(rotation.rotate_bytes, rotation.checkpoint_bytes, rotation.short_bytes)
+    codec.sized(rotation.rotate_bytes, rotation.checkpoint_bytes, rotation.short_bytes)
     return told
 
 
@@ -97,7 +93,7 @@ def serve(
     rotation: Rotation | None = None,
 ) -> int:
     """The writer's loop; returns the exit status."""
-    codec = load(codec_name)(arg)
+    codec: RowCodec = load(codec_name)(arg)
     # with retention, each new segment begins with the codec's checkpoint
     checkpoint = codec.checkpoint if rotation is not None and rotation.retains else None
     segment = Rotating(

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 from . import events as ev
 from .archive import Archive
@@ -40,8 +40,8 @@ from .ledger import Ledger
 from .rank import JobInfo, RankLedger, RanksAlone
 from .violations import LISTED_FINDINGS, Violation
 
-if TYPE_CHECKING:
-    from .writer_codec import Fold
+#: what a writer process folds for a recorder (see :meth:`Auditor.remote_config`)
+Fold = Literal["scheduler", "scheduler+workers"]
 
 AUDIT_MODES = ("inline", "commit", "off")
 

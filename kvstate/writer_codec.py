@@ -29,19 +29,21 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import msgspec
 
 from journal import segments
 from journal.segments import file_bytes
 
+from .audit import Auditor, Fold
 from .codec import Entry, payload_bytes, refusal, refused, to_row
 from .events import SIDE_WORKER, EngineCrashed, JournalOpened
 from .violations import Code, Violation
 
 if TYPE_CHECKING:
-    from .audit import Auditor
+    from journal.row_codec import Row, RowCodec
+
     from .checkpointer import Checkpoints
     from .figures import Figures
     from .live_counts import LiveCounts
@@ -74,10 +76,6 @@ def encode_batch(batch: list[Entry]) -> bytes:
             entry = refused(seq, step, ts, event.kind, refusal(event) or f"{event.kind}: {exc}")
         kept.append(entry)
     return _encode(([entry[3].kind for entry in kept], kept))
-
-
-#: what a writer process folds (see :meth:`kvstate.audit.Auditor.remote_config`)
-Fold = Literal["scheduler", "scheduler+workers"]
 
 
 class CodecSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -126,7 +124,9 @@ def decode_report(report: bytes) -> list[Violation]:
 
 
 class BatchCodec:
-    """Rows from blobs, in the journal writer process (see :mod:`journal.process_writer`).
+    """Rows from blobs, in the journal writer process: kvstate's
+    :class:`journal.row_codec.RowCodec`, the one interface the writer process
+    calls (rows down, the audit's report back).
 
     ``settings`` is a :class:`CodecSettings` as JSON (empty: none of them).
     """
@@ -142,7 +142,6 @@ class BatchCodec:
         self._last_step = 0
         self._auditor: Auditor | None = None
         if audit:
-            from .audit import Auditor
             from .spill import SpillArchive
 
             self._auditor = Auditor.remote(audit, SpillArchive())
@@ -196,7 +195,7 @@ class BatchCodec:
         except (ImportError, ValueError, OSError) as exc:
             print(f"kvstate: {journal}: /metrics at {address} not served: {exc}", file=sys.stderr)
 
-    def rows(self, blob: bytes) -> list[tuple[int, str, int, int | None, int | None, bytes]]:
+    def rows(self, blob: bytes) -> list[Row]:
         kinds, entries = self._decode_blob(blob)
         rows = []
         audited = self._entries = []
@@ -308,10 +307,14 @@ class BatchCodec:
             return f"{kind}: {exc}"
         return f"{kind}: refused by its typed decoder"
 
-    def orphaned(self, last_seq: int) -> list[tuple[int, str, int, None, int, bytes]]:
+    def orphaned(self, last_seq: int) -> list[Row]:
         """The record that closes a journal whose engine died: ``engine_crashed``."""
         event = EngineCrashed(error=ORPHANED)
         return [
             (last_seq + 1, event.kind, self._last_step, None, time.monotonic_ns(),
              payload_bytes(event))
         ]  # fmt: skip
+
+
+if TYPE_CHECKING:
+    _: type[RowCodec] = BatchCodec  # mypy checks BatchCodec keeps journal.row_codec.RowCodec
