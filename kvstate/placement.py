@@ -83,10 +83,20 @@ class Placement:
     commit (:attr:`settles`).
     """
 
-    def __init__(self, site: Site, auditor: Auditor, writer: Writer[Entry] | None = None) -> None:
+    def __init__(
+        self,
+        site: Site,
+        auditor: Auditor,
+        writer: Writer[Entry] | None = None,
+        *,
+        folds_after_write: bool = False,
+    ) -> None:
         self.site = site
         self.auditor = auditor
         self.writer = writer
+        #: the journal writer folds each batch after its write (``after_write``,
+        #: installed by :func:`place`); a writer given as it is folds nothing
+        self._folds_after_write = folds_after_write
         #: under a writer process: whether it folds (known once it starts:
         #: not for ranks recording without their scheduler, see the module)
         self._process_folds = False
@@ -95,7 +105,7 @@ class Placement:
     def check(self) -> Callable[[ev.Event], str | None] | None:
         """The contract's value check on the caller's thread; None where the
         writer process checks each record (and writes ``record_refused``)."""
-        return None if isinstance(self.writer, ProcessWriter) else refusal
+        return None if self.site is Site.WRITER_PROCESS else refusal
 
     @property
     def fold_now(self) -> Callable[[int, int, ev.Event], list[Violation]] | None:
@@ -105,9 +115,9 @@ class Placement:
     @property
     def keeps_batches(self) -> bool:
         """Whether the recorder keeps each batch for :meth:`committed` (a
-        journal writer thread folds what it writes itself)."""
+        journal writer that folds after its write needs none)."""
         if self.site is Site.COMMITTING_THREAD:
-            return self.writer is None
+            return not self._folds_after_write
         return self.site is Site.WRITER_PROCESS
 
     @property
@@ -122,7 +132,7 @@ class Placement:
 
     def committed(self, batch: list[Entry]) -> None:
         """A batch is committed: fold it on this thread, unless it is folded elsewhere."""
-        if self.site is Site.COMMITTING_THREAD and self.writer is None:
+        if self.site is Site.COMMITTING_THREAD and not self._folds_after_write:
             self.auditor.fold_batch(batch)
         elif self.site is Site.WRITER_PROCESS and not self._process_folds:
             # ranks alone: fold what the writer process wrote, a record_refused
@@ -137,23 +147,24 @@ class Placement:
         return settings.with_fold(fold).encode()
 
 
-def site_of(audit: str, *, process: bool, background: bool, writer: bool = True) -> Site:
-    """Where an audit of mode ``audit`` folds with this writer (the table above);
-    ``writer`` False: no journal (an in-memory recorder)."""
+def site_of(audit: str, *, process: bool, background: bool) -> Site:
+    """Where an audit of mode ``audit`` folds with this writer (the table above)."""
     if audit == "inline":
         return Site.CALLER
     if audit == "off":
         return Site.NOWHERE
-    if writer and process:
+    if process:
         return Site.WRITER_PROCESS
-    if writer and background:
+    if background:
         return Site.WRITER_THREAD
     return Site.COMMITTING_THREAD
 
 
-def in_memory(auditor: Auditor) -> Placement:
-    """The placement of a recorder without a journal."""
-    return Placement(site_of(auditor.mode, process=False, background=False, writer=False), auditor)
+def given(auditor: Auditor, writer: Writer[Entry] | None = None) -> Placement:
+    """The placement of a recorder built with a writer of the caller's (or
+    none: entries in memory): the committing thread folds each batch, and
+    values are checked at the call."""
+    return Placement(site_of(auditor.mode, process=False, background=False), auditor, writer)
 
 
 def place(
@@ -208,4 +219,4 @@ def place(
     writer = JournalWriter(
         journal, to_row, background=background, after_write=after, rotation=rotation
     )
-    return Placement(site, auditor, writer)
+    return Placement(site, auditor, writer, folds_after_write=after is not None)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from journal import Journal, segments
 from journal.rotation import Rotation
+from journal.writer_protocol import Writer
 
 from .audit import Auditor
 from .codec import Entry, refusal
@@ -39,7 +40,7 @@ from .events import Event as _Event
 from .extras import require_metrics_extra
 from .figures import metrics_address
 from .live_counts import LiveCounts
-from .placement import Placement, in_memory, place
+from .placement import Placement, given, place
 from .violations import Violation, raise_for
 
 # Entry is a NamedTuple; tuple.__new__ builds one without the generated
@@ -109,22 +110,26 @@ class Recorder:
 
     ``audit`` is the audit's mode: ``inline`` (each record as it is
     recorded, on the caller's thread), ``commit`` (each committed batch,
-    where the journal is written) or ``off``. ``placement`` carries the
-    writer and where the fold runs (:mod:`kvstate.placement`; a recorder
-    without one keeps no journal).
+    where the journal is written) or ``off``. ``writer`` is a journal writer
+    of the caller's (None: entries in memory only); :meth:`open` passes a
+    ``placement`` instead, the writer and where the fold runs
+    (:mod:`kvstate.placement`).
     """
 
     def __init__(
         self,
         header: JournalOpened,
-        placement: Placement | None = None,
+        writer: Writer[Entry] | None = None,
         *,
         keep: bool = False,
         clock: Callable[[], int] = time.monotonic_ns,
         audit: str = "inline",
+        placement: Placement | None = None,
     ) -> None:
         if placement is None:
-            placement = in_memory(Auditor(audit))
+            placement = given(Auditor(audit), writer)
+        elif writer is not None:
+            raise ValueError("a recorder takes a writer or a placement, not both")
         self.placement = placement
         self.writer = placement.writer
         self.auditor = placement.auditor
@@ -281,7 +286,7 @@ class Recorder:
             counts=None if counts is None else counts.path,
             rotation=rotation,
         )
-        recorder = cls(header, placed, keep=keep, clock=clock)
+        recorder = cls(header, keep=keep, clock=clock, placement=placed)
         recorder.live_counts = counts
         log = logger if logger is not None else logging.getLogger("kvstate")
         auditor.on_first = functools.partial(_log_first, log, os.fspath(path))

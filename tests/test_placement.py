@@ -87,3 +87,22 @@ def test_no_module_but_the_placement_branches_on_where_the_fold_runs() -> None:
             repeating.append((rel, sorted(names & gone)))
     assert naming_site == []
     assert repeating == []
+
+
+def test_a_writer_of_the_callers_own_folds_on_the_committing_thread(tmp_path: Path) -> None:
+    """``Recorder(header, writer)`` as docs/api.md documents it: the writer
+    folds nothing itself, so each batch is folded once committed, on the
+    committing thread, and values are checked at the call."""
+    from journal import Journal, JournalWriter
+    from kvstate import events as ev
+    from kvstate.codec import to_row
+
+    writer = JournalWriter(Journal(tmp_path / "own.db"), to_row, background=False)
+    rec = Recorder(ev.JournalOpened(version=1, block_size=16, world_size=1), writer, audit="commit")
+    assert rec.placement.site is Site.COMMITTING_THREAD and rec.placement.check is not None
+    rec.auditor.attach_scheduler()
+    rec.record(ev.RequestFinished(req="never-admitted", gen=0), 1)
+    assert rec.violations == []
+    rec.commit()
+    assert [v.seq for v in rec.violations] == [2]
+    rec.close()
