@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from journal.thread_writer import JournalWriter
 from kvstate import SchedulerLedger, WorkerLedger
 from kvstate.harness.live.mooncake_demo import mooncake_problem, run_policy
 from kvstate.harness.sim.config import SimConfig
+from kvstate.thread_writer import JournalWriter
 from kvstate.worker import JobRun
 
 #: the calls a connector makes into the ledgers, besides their public methods:

@@ -74,8 +74,8 @@ class Journal:
 
     Open with ``Journal(path)`` to create or append, ``Journal(path,
     readonly=True)`` to read a journal that must already exist. One
-    connection: use a journal from one thread at a time (the
-    :class:`~journal.thread_writer.JournalWriter` owns it from its thread).
+    connection: use a journal from one thread at a time (a writer that
+    writes from a thread of its own owns it from that thread).
     """
 
     def __init__(

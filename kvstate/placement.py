@@ -38,15 +38,17 @@ import enum
 import os
 from collections.abc import Callable
 
-from journal import Journal, JournalWriter, ProcessWriter
+from journal import Journal
 from journal.rotation import Rotation
-from journal.writer_protocol import Writer
 
 from . import events as ev
 from .audit import Auditor
 from .codec import Entry, refusal, refused, to_row
+from .process_writer import ProcessWriter
+from .thread_writer import JournalWriter
 from .violations import Violation
-from .writer_codec import CodecSettings, decode_report, encode_batch
+from .writer_codec import CodecSettings
+from .writer_protocol import Writer
 
 
 class Site(enum.Enum):
@@ -139,12 +141,12 @@ class Placement:
             # in place of a refused record
             self.auditor.fold_batch([_as_written(entry) for entry in batch])
 
-    def _codec_settings(self, settings: CodecSettings) -> str:
+    def _codec_settings(self, settings: CodecSettings) -> CodecSettings:
         """What the writer process's codec is built with, as it starts (the
         ledgers that record here are attached by then)."""
         fold = self.auditor.remote_config() if self.site is Site.WRITER_PROCESS else None
         self._process_folds = fold is not None
-        return settings.with_fold(fold).encode()
+        return settings.with_fold(fold)
 
 
 def site_of(audit: str, *, process: bool, background: bool) -> Site:
@@ -205,11 +207,9 @@ def place(
         placement = Placement(site, auditor)
         placement.writer = ProcessWriter(
             path,
-            encode_batch,
-            "kvstate.writer_codec:BatchCodec",
             synchronous=synchronous,
-            codec_arg=lambda: placement._codec_settings(settings),
-            on_report=lambda report: auditor.add_found(decode_report(report)),
+            settings=lambda: placement._codec_settings(settings),
+            on_found=auditor.add_found,
             rotation=rotation,
         )
         return placement

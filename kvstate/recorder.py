@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from journal import Journal, segments
 from journal.rotation import Rotation
-from journal.writer_protocol import Writer
+from kvstate.writer_protocol import Writer
 
 from .audit import Auditor
 from .codec import Entry, refusal
@@ -210,7 +210,7 @@ class Recorder:
         :mod:`kvstate.tier_events`).
 
         Where the journal is written: by default, by a writer process
-        (:class:`journal.ProcessWriter`: the engine's thread encodes one blob
+        (:class:`kvstate.process_writer.ProcessWriter`: the engine's thread encodes one blob
         per commit and writes it to a pipe, nothing else), which with
         ``audit="commit"`` (the default) also runs the fold, so the caller
         pays for its guards and the hand-over only and gets the audit's
@@ -386,7 +386,7 @@ class Recorder:
 
     def start_writer(self) -> None:
         """Start the writer process now, where there is one (see
-        :meth:`journal.ProcessWriter.start`); else nothing. Call it once the
+        :meth:`kvstate.process_writer.ProcessWriter.start`); else nothing. Call it once the
         ledgers that record here are attached: the process learns at its start
         whether it folds."""
         start = getattr(self.writer, "start", None)
@@ -396,7 +396,7 @@ class Recorder:
     def commit(self, *, wait: bool = True, settle: bool = False) -> None:
         """End a group commit (an engine step): the batch goes to disk as one transaction.
 
-        Returns once the batch is durable (see :mod:`journal.writer_protocol`);
+        Returns once the batch is durable (see :mod:`kvstate.writer_protocol`);
         ``wait=False`` hands it to the writer without waiting; ``settle``
         also waits for the writer's audit of it.
         """

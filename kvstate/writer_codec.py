@@ -42,13 +42,16 @@ from .events import SIDE_WORKER, EngineCrashed, JournalOpened
 from .violations import Code, Violation
 
 if TYPE_CHECKING:
-    from journal.row_codec import Row, RowCodec
+    from journal.database import NewRow
 
     from .checkpointer import Checkpoints
     from .figures import Figures
     from .live_counts import LiveCounts
 
 _encode = msgspec.msgpack.Encoder().encode
+#: a row as :meth:`journal.Journal.append_rows` takes it from the writer
+#: process: seq, kind, step, rank, ts, the payload's bytes
+Row = tuple[int, str, int, Optional[int], Optional[int], bytes]  # noqa: UP045
 _Blob = tuple[list[str], list[tuple[int, int, Optional[int], msgspec.Raw]]]  # noqa: UP045
 
 #: the ``error`` of the record a writer appends when its engine died
@@ -124,17 +127,17 @@ def decode_report(report: bytes) -> list[Violation]:
 
 
 class BatchCodec:
-    """Rows from blobs, in the journal writer process: kvstate's
-    :class:`journal.row_codec.RowCodec`, the one interface the writer process
-    calls (rows down, the audit's report back).
-
-    ``settings`` is a :class:`CodecSettings` as JSON (empty: none of them).
+    """Rows from blobs, in the journal writer process
+    (:mod:`kvstate._writer_program`), which calls it, in this order for each
+    commit: :meth:`rows`, the write, :meth:`report` (with the answer, when
+    the engine waits) and :meth:`committed` (after the answer, unless the
+    engine settles: then before it).
     """
 
-    def __init__(self, settings: str = "") -> None:
+    def __init__(self, given: CodecSettings | None = None) -> None:
         from .codec import _DECODERS  # the one decoder of each kind
 
-        given = CodecSettings.decode(settings)
+        given = given or CodecSettings()
         audit, metrics, counts = given.fold, given.metrics, given.counts
         journal, checkpoints, budget = given.journal, given.checkpoints, given.budget
         self._decoders = _DECODERS
@@ -307,14 +310,10 @@ class BatchCodec:
             return f"{kind}: {exc}"
         return f"{kind}: refused by its typed decoder"
 
-    def orphaned(self, last_seq: int) -> list[Row]:
+    def orphaned(self, last_seq: int) -> list[NewRow]:
         """The record that closes a journal whose engine died: ``engine_crashed``."""
         event = EngineCrashed(error=ORPHANED)
         return [
             (last_seq + 1, event.kind, self._last_step, None, time.monotonic_ns(),
              payload_bytes(event))
         ]  # fmt: skip
-
-
-if TYPE_CHECKING:
-    _: type[RowCodec] = BatchCodec  # mypy checks BatchCodec keeps journal.row_codec.RowCodec

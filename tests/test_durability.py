@@ -209,8 +209,8 @@ def _interrupt_at_call(n: int) -> Callable[..., Any]:
 def test_an_interrupted_commit_neither_hangs_the_flush_nor_loses_a_record(
     tmp_path: Path,
 ) -> None:
-    from journal import JournalWriter
-    from journal import thread_writer as writer_module
+    from kvstate import thread_writer as writer_module
+    from kvstate.thread_writer import JournalWriter
 
     def row(seq: int) -> tuple[int, str, int, int, int, dict[str, int]]:
         return (seq, "k", 0, 0, 0, {"v": seq})

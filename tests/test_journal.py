@@ -17,13 +17,13 @@ import pytest
 from journal import (
     Journal,
     JournalError,
-    JournalWriter,
     Record,
     RecordError,
     TamperedError,
     read_jsonl,
     write_jsonl,
 )
+from kvstate.thread_writer import JournalWriter
 
 
 def recs(start: int, n: int) -> list[Record]:

@@ -215,6 +215,37 @@ def test_the_library_has_no_import_cycle() -> None:
     assert found is None, " -> ".join(found or ())
 
 
+def dynamic_imports(source: str) -> list[str]:
+    """Where ``source`` imports by name at run time (importlib, ``__import__``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names]
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if "importlib" in names or (module or "").startswith("importlib"):
+                found.append(f"line {node.lineno}: importlib")
+        elif isinstance(node, ast.Name) and node.id == "__import__":
+            found.append(f"line {node.lineno}: __import__")
+    return found
+
+
+def test_the_journal_loads_no_application_code() -> None:
+    """A record crosses from kvstate into the journal once, as rows
+    (docs/architecture.md, "The write path"): the journal never imports
+    kvstate, and neither may it load an application's code by name (as its
+    writer process once loaded kvstate's codec from a string), which the
+    import graph cannot see."""
+    for path in sorted((ROOT / "journal").glob("*.py")):
+        assert dynamic_imports(path.read_text()) == [], path.name
+
+
+def test_the_dynamic_import_check_sees_one() -> None:
+    assert dynamic_imports("import importlib\nimportlib.import_module('kvstate')\n")
+    assert dynamic_imports("from importlib import import_module\n")
+    assert dynamic_imports("__import__('kvstate')\n")
+    assert dynamic_imports("import json\n") == []
+
+
 def test_the_graph_counts_what_a_from_import_names(tmp_path: Path) -> None:
     source = tmp_path / "x.py"
     source.write_text("from kvstate import Recorder\nfrom kvstate import events\nimport journal\n")

@@ -93,9 +93,10 @@ def test_a_writer_of_the_callers_own_folds_on_the_committing_thread(tmp_path: Pa
     """``Recorder(header, writer)`` as docs/api.md documents it: the writer
     folds nothing itself, so each batch is folded once committed, on the
     committing thread, and values are checked at the call."""
-    from journal import Journal, JournalWriter
+    from journal import Journal
     from kvstate import events as ev
     from kvstate.codec import to_row
+    from kvstate.thread_writer import JournalWriter
 
     writer = JournalWriter(Journal(tmp_path / "own.db"), to_row, background=False)
     rec = Recorder(ev.JournalOpened(version=1, block_size=16, world_size=1), writer, audit="commit")

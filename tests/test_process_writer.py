@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from journal import Journal, JournalError, ProcessWriter
+from journal import Journal, JournalError
 from kvstate import events as ev
 from kvstate.codec import Entry, from_stored
 from kvstate.harness.vllm_engine.watchdog import Stall
+from kvstate.process_writer import ProcessWriter
 from kvstate.recorder import Recorder
 from kvstate.writer_codec import ORPHANED, BatchCodec, encode_batch
 from replay.verdict import replay
@@ -83,11 +84,11 @@ def test_a_killed_engine_loses_nothing_it_handed_over(tmp_path: Path) -> None:
     assert result.violations[-1].code == "CRASH"  # (the jobs were never enqueued: CAUSALITY)
 
 
-def _writer(tmp_path: Path) -> tuple[Path, ProcessWriter[Entry]]:
+def _writer(tmp_path: Path) -> tuple[Path, ProcessWriter]:
     """A new journal and a writer process for it (not started yet)."""
     path = tmp_path / "j.db"
     Journal(path).close()
-    return path, ProcessWriter(path, encode_batch, "kvstate.writer_codec:BatchCodec")
+    return path, ProcessWriter(path)
 
 
 def test_a_write_error_in_the_writer_process_reaches_the_engine(tmp_path: Path) -> None:
@@ -165,14 +166,16 @@ def test_ctrl_c_in_the_encoder_leaves_the_batch_for_the_next_commit(
     rec = _recorded(path, events[:30])
     writer = rec.writer
     assert isinstance(writer, ProcessWriter)
-    real = writer._encode
+    import kvstate.process_writer as pw
+
+    real = pw.encode_batch
 
     def interrupted(batch: list[Entry]) -> bytes:
         real(batch)
-        monkeypatch.setattr(writer, "_encode", real)
+        monkeypatch.setattr(pw, "encode_batch", real)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(writer, "_encode", interrupted)
+    monkeypatch.setattr(pw, "encode_batch", interrupted)
     with pytest.raises(KeyboardInterrupt):
         rec.commit()
     for i, event in enumerate(events[30:], start=30):
@@ -189,7 +192,7 @@ def test_ctrl_c_between_two_reads_of_an_answer_keeps_the_protocol(
     """An answer can arrive in pieces; Ctrl-C after the first piece was read
     must leave it for the next wait. Reading the rest as a new header (as
     the engine did) lost the protocol: every later answer was misread."""
-    import journal.process_writer as pw
+    import kvstate.process_writer as pw
 
     path = tmp_path / "engine.db"
     events = _events(20)

@@ -1,4 +1,4 @@
-"""The writer conformance suite: every :class:`journal.writer_protocol.Writer` keeps one promise.
+"""The writer conformance suite: every :class:`kvstate.writer_protocol.Writer` keeps one promise.
 
 :class:`WriterContract` is the suite (the way eventsourcing's recorder tests
 are one class each recorder subclasses): durable on commit, even when the
@@ -25,11 +25,13 @@ from typing import Any, ClassVar
 
 import pytest
 
-from journal import Journal, JournalError, JournalWriter, ProcessWriter
-from journal.writer_protocol import Writer
+from journal import Journal, JournalError
 from kvstate import events as ev
 from kvstate.codec import Entry, to_row
-from kvstate.writer_codec import CodecSettings, decode_report, encode_batch
+from kvstate.process_writer import ProcessWriter
+from kvstate.thread_writer import JournalWriter
+from kvstate.writer_codec import CodecSettings
+from kvstate.writer_protocol import Writer
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ev.JournalOpened(version=1, block_size=4, world_size=1)
@@ -71,11 +73,7 @@ def committing_thread_writer(path: Path) -> Writer[Entry]:
 def process_writer(path: Path) -> Writer[Entry]:
     Journal(path).close()  # the schema; the process opens its own
     found = FOUND.setdefault(str(path), [])
-    return ProcessWriter(
-        path, encode_batch, "kvstate.writer_codec:BatchCodec",
-        codec_arg=CodecSettings(fold="scheduler").encode(),
-        on_report=lambda report: found.extend(decode_report(report)),
-    )  # fmt: skip
+    return ProcessWriter(path, settings=CodecSettings(fold="scheduler"), on_found=found.extend)
 
 
 class _Gated(JournalWriter[Entry]):

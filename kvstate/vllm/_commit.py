@@ -84,7 +84,7 @@ class Committer:
     Started with the first journal it follows (again in a forked child, by
     the first journal the child opens); a daemon, so it never holds an
     exiting process: at exit every writer still open is flushed and closed
-    (``journal.process_writer``), whatever this thread had not sent yet.
+    (``kvstate.process_writer``), whatever this thread had not sent yet.
     """
 
     def __init__(self) -> None:

@@ -175,7 +175,7 @@ def open_journal(
     """A new journal ``folder/{role}-{pid}.db`` (``-2``, ``-3``, ... when a
     connector of this process already wrote one); an existing file is never reused.
 
-    Written by a writer process (:class:`journal.ProcessWriter`): each group
+    Written by a writer process (:class:`kvstate.process_writer.ProcessWriter`): each group
     commit is one blob written to a pipe, by kvstate's commit thread
     (:mod:`kvstate.vllm._commit`), so SQLite, the hash chain and the audit
     never hold vLLM's GIL, and the encoding is not on vLLM's thread. A

@@ -312,7 +312,7 @@ def instrument(
 
     if detail:
         # kvstate's own layers, for a breakdown of the kvstate side (by_name)
-        from journal.process_writer import ProcessWriter
+        from kvstate.process_writer import ProcessWriter
         from kvstate.recorder import Recorder
         from kvstate.vllm._process import ObservedProcess
         from kvstate.vllm._store_jobs import SchedulerObserver
@@ -331,7 +331,7 @@ def instrument(
         prof.patch(Recorder, "record", "kvstate")
         prof.patch(ProcessWriter, "_send", "kvstate")
         prof.patch(ObservedProcess, "observe", "kvstate")
-        import journal.process_writer as pw
+        import kvstate.process_writer as pw
 
         for module_name in ("os", "signal"):  # the pipe write and the held signals
             module = getattr(pw, module_name)

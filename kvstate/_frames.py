@@ -1,4 +1,5 @@
-"""The pipe protocol between :class:`journal.ProcessWriter` and its writer process."""
+"""The pipe protocol between :class:`kvstate.process_writer.ProcessWriter`
+and its writer process (:mod:`kvstate._writer_program`)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,21 @@
 """Group commit through a writer process: the engine only hands bytes over.
 
-:class:`ProcessWriter` has the interface of :class:`journal.JournalWriter`
-(``append``, ``commit``, ``flush``, ``close``), but the engine's process
-does no SQLite, no hashing and no per-record encoding: at each commit it
-encodes the batch in one call of the application's ``encode_batch`` and
-writes one frame to a pipe. A separate Python process (started fresh, never
-forked, so it is safe beside CUDA) turns the frame into rows, chains and
-inserts them as one transaction, and answers when the engine waits.
+:class:`ProcessWriter` has the interface of
+:class:`kvstate.thread_writer.JournalWriter` (``append``, ``commit``,
+``flush``, ``close``), but the engine's process does no SQLite, no hashing
+and no per-record encoding: at each commit it encodes the batch in one call
+of :func:`kvstate.writer_codec.encode_batch` and writes one frame to a pipe.
+A separate Python process (:mod:`kvstate._writer_program`, started fresh,
+never forked, so it is safe beside CUDA) turns the frame into rows, hands
+them to the journal (:mod:`journal`, which chains and inserts them as one
+transaction), and answers when the engine waits, with what its audit found.
 
 Durability is the journal's (see :mod:`journal.database`): ``commit()``
 returns once the writer process has committed the batch;
 ``commit(wait=False)`` returns once the frame is in the pipe. A batch in the
 pipe survives the engine: if the engine process is killed, the writer
-process reads everything it was handed, appends the application's record
-for an orphaned journal (kvstate's ``engine_crashed``) and exits. It never
+process reads everything it was handed, appends ``engine_crashed`` and
+exits. It never
 outlives the engine.
 """
 
@@ -29,17 +31,18 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+
+from journal.errors import JournalError
+from journal.rotation import Rotation
 
 from ._frames import ANSWER, CLOSE, FRAME, SETTLE, WAIT
-from .errors import JournalError
-from .rotation import Rotation
+from .codec import Entry
+from .violations import Violation
+from .writer_codec import CodecSettings, decode_report, encode_batch
 from .writer_protocol import Buffered
 
-T = TypeVar("T")
-
 #: writers still open, closed (so flushed) at interpreter exit
-_OPEN: weakref.WeakSet[ProcessWriter[Any]] = weakref.WeakSet()
+_OPEN: weakref.WeakSet[ProcessWriter] = weakref.WeakSet()
 #: signals held back while a batch is handed over, so a handler that raises
 #: (Ctrl-C; a CLI turns SIGTERM and SIGHUP into exceptions) cannot interrupt
 #: the write of a frame in this thread. With other threads in the process (a
@@ -59,39 +62,33 @@ def _close_open_writers() -> None:
             writer.close()
 
 
-class ProcessWriter(Buffered[T], Generic[T]):
-    """Buffers items and hands each batch to a writer process as one frame (a
-    :class:`journal.writer_protocol.Writer`).
+class ProcessWriter(Buffered[Entry]):
+    """Buffers entries and hands each batch to a writer process as one frame
+    (a :class:`kvstate.writer_protocol.Writer`).
 
-    ``path`` is a journal that already exists (created with its schema);
-    ``encode_batch`` turns a batch of items into bytes on the engine's
-    side; ``codec`` names (``module:attribute``) the class the writer
-    process builds, with ``codec_arg``, to turn those bytes into rows (see
-    :mod:`journal._writer_program`). ``codec_arg`` may be a function: it is
-    called when the process starts, at the first commit. ``on_report`` gets
-    each non-empty report the codec sends back with an answer. A write
-    failure in the writer process is raised from the next ``commit`` that
-    waits, ``flush`` or ``close``.
+    ``path`` is a journal that already exists (created with its schema).
+    ``settings`` says what the writer process does after each commit (the
+    fold, the figures, the checkpoints); it may be a function, called when
+    the process starts, at the first commit. ``on_found`` gets what the
+    writer process's audit found, with each answer that carries any: the one
+    way findings come back. A write failure in the writer process is raised
+    from the next ``commit`` that waits, ``flush`` or ``close``.
     """
 
     def __init__(
         self,
         path: str | os.PathLike[str],
-        encode_batch: Callable[[list[T]], bytes],
-        codec: str,
         *,
         synchronous: str = "NORMAL",
-        codec_arg: str | Callable[[], str] = "",
-        on_report: Callable[[bytes], None] | None = None,
+        settings: CodecSettings | Callable[[], CodecSettings] = CodecSettings,
+        on_found: Callable[[list[Violation]], None] | None = None,
         rotation: Rotation | None = None,
     ) -> None:
         super().__init__()
         self.path = os.fspath(path)
-        self._encode = encode_batch
-        self._codec = codec
-        self._codec_arg = codec_arg
+        self._settings = settings
         self._synchronous = synchronous
-        self._on_report = on_report
+        self._on_found = on_found
         #: when the writer process closes a segment and begins the next (journal.segments)
         self._rotation = "" if rotation is None else rotation.spec()
         #: one reader of the answer pipe at a time (the engine's thread waits
@@ -120,13 +117,14 @@ class ProcessWriter(Buffered[T], Generic[T]):
 
     def _start(self) -> subprocess.Popen[bytes]:
         """Start the writer process (at the first frame, unless :meth:`start` did)."""
-        arg = self._codec_arg if isinstance(self._codec_arg, str) else self._codec_arg()
+        given = self._settings
+        settings = given if isinstance(given, CodecSettings) else given()
         env = dict(os.environ)
-        # the writer imports the codec from where the engine found it
+        # the writer imports kvstate from where the engine found it
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         process = self._process = subprocess.Popen(
-            [sys.executable, "-m", "journal._writer_program", self.path, self._synchronous,
-             self._codec, arg, str(os.getpid()), self._rotation],
+            [sys.executable, "-m", "kvstate._writer_program", self.path, self._synchronous,
+             settings.encode(), str(os.getpid()), self._rotation],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -202,7 +200,7 @@ class ProcessWriter(Buffered[T], Generic[T]):
             if not items and not flags:
                 return self._submitted
             process = self._process if self._process is not None else self._start()
-            blob = self._encode(items) if items else b""
+            blob = encode_batch(items) if items else b""
             ticket = self._submitted + 1
             frame = memoryview(FRAME.pack(ticket, len(blob), flags) + blob)
             before = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # the caller's mask
@@ -257,8 +255,8 @@ class ProcessWriter(Buffered[T], Generic[T]):
         self._written = max(self._written, written)
         if error:
             self._error = message.decode("utf-8", "replace")
-        if report and self._on_report is not None:
-            self._on_report(data)
+        if report and self._on_found is not None:
+            self._on_found(decode_report(data))
         return True
 
     def _receive(self) -> None:

@@ -28,11 +28,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
-from .database import Journal, NewRow
-from .errors import JournalError
-from .record import Record
-from .rotation import Rotation
-from .segments import Rotating
+from journal.database import Journal, NewRow
+from journal.errors import JournalError
+from journal.record import Record
+from journal.rotation import Rotation
+from journal.segments import Rotating
+
 from .writer_protocol import Buffered
 
 T = TypeVar("T")
@@ -52,7 +53,7 @@ def _flush_open_writers() -> None:
 
 class JournalWriter(Buffered[T], Generic[T]):
     """Buffers items and writes them to a :class:`Journal` in batches (a
-    :class:`journal.writer_protocol.Writer`).
+    :class:`kvstate.writer_protocol.Writer`).
 
     ``after_write`` is called with each batch once it is written, on the
     thread that wrote it (an application's audit of what it committed).

@@ -1,52 +1,47 @@
-"""The journal writer process: the program behind :class:`journal.ProcessWriter`.
+"""The journal writer process: the program behind :class:`kvstate.process_writer.ProcessWriter`.
 
-Run as ``python -m journal._writer_program PATH SYNCHRONOUS CODEC ARG PARENT_PID``.
-It reads frames from standard input, each one encoded batch handed over by
-the engine process, turns a batch into rows with the application's codec
-(a :class:`journal.row_codec.RowCodec`: ``CODEC`` names its class as
-``module:attribute``, built with the settings string ``ARG``; it is told of
-each rotation, and of the sizes in force at the start and after each
-rotation: the rotation size, the checkpoint's bytes and what the byte
-budget lacks, see :mod:`journal.retention`),
-appends it to the journal as one commit, tells the codec, and answers on
+Run as ``python -m kvstate._writer_program PATH SYNCHRONOUS SETTINGS
+PARENT_PID [ROTATION]``, ``SETTINGS`` a :class:`kvstate.writer_codec.CodecSettings`
+as JSON. It reads frames from standard input, each one encoded batch handed
+over by the engine process, turns a batch into rows with
+:class:`kvstate.writer_codec.BatchCodec` (the typed decode that refuses what
+the contract refuses), appends them to the journal as one commit (the one
+place a record passes into :mod:`journal`), tells the codec, and answers on
 standard output when the engine asked to wait, with the codec's report
-(kvstate's: what its audit of the committed records found). The codec's
-work on a batch runs after the answer, so the engine goes on meanwhile;
-a frame flagged ``SETTLE`` (or ``CLOSE``) is answered after it instead.
+(what its audit of the committed records found). The codec's work on a
+batch runs after the answer, so the engine goes on meanwhile; a frame
+flagged ``SETTLE`` (or ``CLOSE``) is answered after it instead. The codec is
+told of each rotation, and of the sizes in force at the start and after
+each rotation: the rotation size, the checkpoint's bytes and what the byte
+budget lacks (see :mod:`journal.retention`).
 
 It never outlives its parent: when standard input ends without the close
 frame (the engine was killed, or crashed in C), or the parent process is
-gone, it writes every batch it was given, appends the codec's rows for an
-orphaned journal (kvstate's ``engine_crashed``) and exits. It ignores
-SIGINT, which a terminal sends to the whole process group: the engine
-decides when the writer stops, by closing it.
+gone, it writes every batch it was given, appends ``engine_crashed`` for an
+orphaned journal and exits. It ignores SIGINT, which a terminal sends to the
+whole process group: the engine decides when the writer stops, by closing
+it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import select
 import signal
 import sys
 from typing import Any
 
-from journal._frames import ANSWER, CLOSE, FRAME, SETTLE, WAIT
 from journal.database import Journal
 from journal.rotation import Rotation
-from journal.row_codec import RowCodec
 from journal.segments import Rotating
+
+from ._frames import ANSWER, CLOSE, FRAME, SETTLE, WAIT
+from .writer_codec import BatchCodec, CodecSettings
 
 #: how often (seconds) an idle writer checks that its parent is still alive;
 #: this decides nothing about progress, only when a dead parent is noticed
 PARENT_CHECK_S = 1.0
-
-
-def load(name: str) -> Any:
-    """The object ``module:attribute`` names."""
-    module, _, attribute = name.partition(":")
-    return getattr(importlib.import_module(module), attribute)
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -68,7 +63,7 @@ def _answer(fd: int, ticket: int, error: str | None, report: bytes) -> None:
         data = data[os.write(fd, data) :]
 
 
-def _on_rotate(codec: RowCodec, rotation: Rotation | None) -> Any:
+def _on_rotate(codec: BatchCodec, rotation: Rotation | None) -> Any:
     """What the writer calls after each rotation: the codec's ``rotated``,
     then its ``sized``; the sizes as they stand at the start are told now."""
     if rotation is None:
@@ -85,15 +80,14 @@ def _on_rotate(codec: RowCodec, rotation: Rotation | None) -> Any:
 def serve(
     path: str,
     synchronous: str,
-    codec_name: str,
-    arg: str,
+    settings: CodecSettings,
     parent: int,
     fd_in: int,
     fd_out: int,
     rotation: Rotation | None = None,
 ) -> int:
     """The writer's loop; returns the exit status."""
-    codec: RowCodec = load(codec_name)(arg)
+    codec = BatchCodec(settings)
     # with retention, each new segment begins with the codec's checkpoint
     checkpoint = codec.checkpoint if rotation is not None and rotation.retains else None
     segment = Rotating(
@@ -160,10 +154,11 @@ def serve(
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    path, synchronous, codec_name, arg, parent, *rest = argv
+    path, synchronous, settings, parent, *rest = argv
     rotation = Rotation.from_spec(rest[0]) if rest else None
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
-    return serve(path, synchronous, codec_name, arg, int(parent), stdin, stdout, rotation)
+    given = CodecSettings.decode(settings)
+    return serve(path, synchronous, given, int(parent), stdin, stdout, rotation)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,13 @@ by ``tests/test_writers.py``:
 * a failure to write is raised from the ``commit`` that waited for it, or
   from the next ``commit``, ``flush`` or ``close``.
 
-:class:`journal.JournalWriter` writes from a thread of this process,
-:class:`journal.ProcessWriter` from a writer process.
+:class:`kvstate.thread_writer.JournalWriter` writes from a thread of this
+process, :class:`kvstate.process_writer.ProcessWriter` from a writer
+process. Both are kvstate's, not the journal's: each calls the journal once
+per batch (:meth:`journal.Journal.append_rows` through
+:class:`journal.segments.Rotating`), so a record crosses from kvstate into
+the journal once on its way to disk, and what kvstate's work after a commit
+finds never passes through the journal on its way back.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from __future__ import annotations
 import threading
 from typing import Generic, Protocol, TypeVar
 
-from .errors import JournalError
+from journal.errors import JournalError
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
