@@ -27,7 +27,8 @@ import msgspec.inspect as mi
 from journal import Record, RecordError
 from journal import _values as values
 
-from .events import EVENT_TYPES, SIDE_WORKER, Event, RecordRefused, rank_of
+from . import build
+from .events import EVENT_TYPES, SIDE_WORKER, Event, rank_of
 
 
 class Entry(NamedTuple):
@@ -100,7 +101,7 @@ def refusal(event: Event) -> str | None:
 
 def refused(seq: int, step: int, ts: int | None, kind: str, error: str) -> Entry:
     """The record written in place of a refused one of ``kind``: same seq, step and ts."""
-    return Entry(seq, step, ts, RecordRefused(refused=kind, error=error))
+    return Entry(seq, step, ts, build.record_refused(refused=kind, error=error))
 
 
 def event_payload(event: Event) -> dict[str, Any]:

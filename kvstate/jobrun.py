@@ -13,6 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
+from . import build
 from . import events as ev
 from .errors import UnknownJobError
 from .jobspec import JobSpec
@@ -81,7 +82,7 @@ class Run:
             if unwinding and not run._outcome:
                 with worker.lock:
                     worker.emit(
-                        ev.JobSkipped(job=job, rank=worker.rank, reason="error"), quiet=True
+                        build.job_skipped(job=job, rank=worker.rank, reason="error"), quiet=True
                     )
             return kind is not None and not unwinding  # a skip leaves the body quietly
         finally:
@@ -126,17 +127,17 @@ class JobRun:
             if w.spec(self.job) is None:
                 self._outcome = True
                 # UNLEDGERED_JOB: dequeued without being registered here
-                w.emit(ev.JobSkipped(job=self.job, rank=w.rank, reason="error"), suspect=True)
+                w.emit(build.job_skipped(job=self.job, rank=w.rank, reason="error"), suspect=True)
                 return
             # the dequeue check: is the job's id among its request's live jobs?
             self.live = w.is_live(self.job)
             if w.policy is not None:
                 self.live = w.policy.live_at_start(w, self.job, self.live)
             if self.live:
-                w.emit(ev.JobStarted(job=self.job, rank=w.rank))
+                w.emit(build.job_started(job=self.job, rank=w.rank))
             else:
                 self._outcome = True
-                w.emit(ev.JobSkipped(job=self.job, rank=w.rank, reason="stale"))
+                w.emit(build.job_skipped(job=self.job, rank=w.rank, reason="stale"))
 
     def _record(self, event: ev.Event, suspect: bool = False) -> None:
         with self.worker.lock:
@@ -172,27 +173,29 @@ class JobRun:
     def skip(self, reason: ev.SkipReason) -> None:
         """End the job without a store call (``pressure``, ``empty``, ...); leaves the body."""
         self._outcome = True
-        self._record(ev.JobSkipped(job=self.job, rank=self.worker.rank, reason=reason))
+        self._record(build.job_skipped(job=self.job, rank=self.worker.rank, reason=reason))
         raise _Skip
 
     def dma_started(self) -> None:
-        self._record(ev.DmaStarted(job=self.job, rank=self.worker.rank))
+        self._record(build.dma_started(job=self.job, rank=self.worker.rank))
 
     def dma_done(self, digest: str | int | None = None) -> None:
-        self._record(ev.DmaDone(job=self.job, rank=self.worker.rank, digest=digest))
+        self._record(build.dma_done(job=self.job, rank=self.worker.rank, digest=digest))
 
     def put_done(self, stored: int, existed: int) -> None:
         self._outcome = True
         self._record(
-            ev.PutDone(job=self.job, rank=self.worker.rank, stored=stored, existed=existed)
+            build.put_done(job=self.job, rank=self.worker.rank, stored=stored, existed=existed)
         )
 
     def put_failed(self, error: str) -> None:
         self._outcome = True
-        self._record(ev.PutFailed(job=self.job, rank=self.worker.rank, error=error))
+        self._record(build.put_failed(job=self.job, rank=self.worker.rank, error=error))
 
     def kv_block_stored(self, key: str, parent: str | None) -> None:
-        self._record(ev.KvBlockStored(job=self.job, rank=self.worker.rank, key=key, parent=parent))
+        self._record(
+            build.kv_block_stored(job=self.job, rank=self.worker.rank, key=key, parent=parent)
+        )
 
     def publish_kv_events(self, stored: Sequence[str]) -> None:
         """One KV event per key this rank actually stored (in chain order).
@@ -219,7 +222,7 @@ class JobRun:
             # policy took from elsewhere
             broken = key not in position or parent != chained[i]
             self._record(
-                ev.KvBlockStored(job=self.job, rank=self.worker.rank, key=key, parent=parent),
+                build.kv_block_stored(job=self.job, rank=self.worker.rank, key=key, parent=parent),
                 suspect=broken,
             )
 
@@ -235,20 +238,20 @@ class JobRun:
     def save_offset(self, offset: int) -> bool:
         """Advance this rank's resume offset for the request; False if the job is stale."""
         return self._effect(
-            ev.OffsetSaved(job=self.job, rank=self.worker.rank, req=self._req, offset=offset),
+            build.offset_saved(job=self.job, rank=self.worker.rank, req=self._req, offset=offset),
             offset=offset,
         )
 
     def mark_skipped(self) -> bool:
         """Mark the request skipped under pressure; False if the job is stale."""
         return self._effect(
-            ev.RequestMarkedSkipped(job=self.job, rank=self.worker.rank, req=self._req)
+            build.request_marked_skipped(job=self.job, rank=self.worker.rank, req=self._req)
         )
 
     def set_retry_tokens(self, start: int, count: int) -> bool:
         """Keep a token suffix for a KV-event retry; False if the job is stale."""
         return self._effect(
-            ev.RetryTokensSet(
+            build.retry_tokens_set(
                 job=self.job, rank=self.worker.rank, req=self._req, start=start, count=count
             ),
             retry=(start, count),
@@ -257,5 +260,6 @@ class JobRun:
     def clear_retry_tokens(self) -> bool:
         """Drop the retry state; False if the job is stale."""
         return self._effect(
-            ev.RetryTokensCleared(job=self.job, rank=self.worker.rank, req=self._req), retry=None
+            build.retry_tokens_cleared(job=self.job, rank=self.worker.rank, req=self._req),
+            retry=None,
         )

@@ -32,6 +32,7 @@ from journal import Journal, segments
 from journal.rotation import Rotation
 from kvstate.writer_protocol import Writer
 
+from . import build
 from .audit import Auditor
 from .codec import Entry, refusal
 from .errors import RefusedValueError
@@ -248,7 +249,7 @@ class Recorder:
             metrics_address(metrics)  # refused before a file exists
             # so is a missing extra: the writer process would only say so on its stderr
             require_metrics_extra("Recorder.open(metrics=...)")
-        header = JournalOpened(
+        header = build.journal_opened(
             version=1,
             block_size=block_size,
             world_size=world_size,
@@ -297,7 +298,7 @@ class Recorder:
         cls, *, block_size: int, world_size: int, policy: str | None = None, audit: str = "inline"
     ) -> Recorder:
         """A recorder that keeps entries in :attr:`entries` only."""
-        header = JournalOpened(
+        header = build.journal_opened(
             version=1, block_size=block_size, world_size=world_size, policy=policy
         )
         return cls(header, keep=True, audit=audit)

@@ -28,6 +28,7 @@ from typing import NoReturn
 
 import attrs
 
+from . import build
 from . import events as ev
 from ._generations import Generations
 from .archive import Archive
@@ -159,15 +160,16 @@ class SchedulerLedger:
         """A new request (or a new incarnation of a finished id); returns its gen."""
         newest = self._gens.get(req)
         gen = 0 if newest is None else newest + 1
-        hashes = None if hashes is None else tuple(hashes)
-        self._emit(ev.RequestAdmitted(req=req, gen=gen, prompt_tokens=prompt_tokens, hashes=hashes))
+        self._emit(
+            build.request_admitted(req=req, gen=gen, prompt_tokens=prompt_tokens, hashes=hashes)
+        )
         self._new_generation(req, gen)
         return gen
 
     def resume(self, req: str) -> int:
         """A preempted request runs again as a new, greater generation."""
         gen = self._gen(req, "resume") + 1
-        self._emit(ev.RequestResumed(req=req, gen=gen))
+        self._emit(build.request_resumed(req=req, gen=gen))
         self._new_generation(req, gen)
         return gen
 
@@ -177,7 +179,7 @@ class SchedulerLedger:
 
     def preempt(self, req: str) -> None:
         """The engine took the request's blocks back. Jobs keep their own pins."""
-        self._emit(ev.RequestPreempted(req=req, gen=self.current_gen(req, "preempt")))
+        self._emit(build.request_preempted(req=req, gen=self.current_gen(req, "preempt")))
         self._tables[req] = []
 
     def request_finished(self, req: str, *, hold: bool = False, aborted: bool = False) -> None:
@@ -190,7 +192,7 @@ class SchedulerLedger:
         gen = self.current_gen(req, "request_finished")
         if self.policy is not None:
             hold = self.policy.finish_hold(self, req, hold)
-        self._emit(ev.RequestFinished(req=req, gen=gen, hold=hold, aborted=aborted))
+        self._emit(build.request_finished(req=req, gen=gen, hold=hold, aborted=aborted))
         if hold and self._tables.get(req):
             self._held.setdefault(req, set()).add(gen)  # the table stays until released
         else:
@@ -210,7 +212,7 @@ class SchedulerLedger:
         held = self._held.get(req, set())
         if gen is None:
             gen = max(held) if held else current
-        self._emit(ev.HeldBlocksReleased(req=req, gen=gen))
+        self._emit(build.held_blocks_released(req=req, gen=gen))
         if gen in held:
             held.discard(gen)
             if not held:
@@ -242,12 +244,12 @@ class SchedulerLedger:
         if self.policy is not None:
             mode = self.policy.assign_mode(self, req, mode)
         self._emit(
-            ev.BlocksAssigned(
+            build.blocks_assigned(
                 req=req,
                 gen=self.current_gen(req, "assign_blocks"),
                 blocks=blocks,
                 mode=mode,
-                cached=tuple(cached),
+                cached=cached,
             )
         )
         table = self._tables.setdefault(req, [])
@@ -335,7 +337,7 @@ class SchedulerLedger:
             or (chosen and bool(reads) and not set(reads) <= {*current, *pins})
         )
         self._emit(
-            ev.JobEnqueued(
+            build.job_enqueued(
                 job=job,
                 req=req,
                 gen=gen,
@@ -373,7 +375,7 @@ class SchedulerLedger:
                 # PHANTOM_COMPLETION or CAUSALITY: more than the job's ranks,
                 # or a job this ledger has no longer (or never had)
                 suspect = state is None or state.completions + count > state.world_size
-                self._emit(ev.CompletionsReceived(job=job, count=count), suspect)
+                self._emit(build.completions_received(job=job, count=count), suspect)
                 if state is not None:
                     state.completions += count
                     self._done(state)
@@ -400,7 +402,9 @@ class SchedulerLedger:
         state = self.job(job)
         blocks = state.pins[::-1]
         # EARLY_RELEASE: a rank has not reported the job yet
-        self._emit(ev.PinsReleased(job=job, blocks=blocks), state.completions < state.world_size)
+        self._emit(
+            build.pins_released(job=job, blocks=blocks), state.completions < state.world_size
+        )
         state.released = True
         self._pinned.pop(job, None)
         self._done(state)
@@ -434,10 +438,10 @@ class SchedulerLedger:
 
     def crashed(self, error: str) -> None:
         """The engine died. Recorded before the strict-mode raise, like any breach."""
-        self._emit(ev.EngineCrashed(error=error), suspect=True)  # CRASH
+        self._emit(build.engine_crashed(error=error), suspect=True)  # CRASH
 
     def idle(self) -> None:
         """The engine stopped with no work left: quiescence checks run now."""
         # LEAKED_PIN, MISSING_REPORT, HELD_FOREVER: a job or a hold not done
-        self._emit(ev.EngineIdle(), bool(self._jobs or self._held))
+        self._emit(build.engine_idle(), bool(self._jobs or self._held))
         self.recorder.commit()

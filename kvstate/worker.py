@@ -25,6 +25,7 @@ import contextlib
 import threading
 from collections.abc import Iterable, Mapping
 
+from . import build
 from . import events as ev
 from ._generations import Generations
 from .archive import Archive
@@ -157,7 +158,7 @@ class WorkerLedger:
             self._specs[job] = spec
             if self.recorder.auditor.wants_specs:
                 self._audit_specs[job] = spec
-            self.emit(ev.JobReceived(job=job, rank=self.rank))
+            self.emit(build.job_received(job=job, rank=self.rank))
             self._received += 1
             key = (spec.req, spec.gen)
             pending = self._pending.get(key)
@@ -179,7 +180,7 @@ class WorkerLedger:
     def preemption_seen(self, req: str, gen: int) -> None:
         """``(req, gen)`` was preempted or finished: its queued jobs turn stale at once."""
         with self.lock:
-            self.emit(ev.PreemptionSeen(req=req, gen=gen, rank=self.rank))
+            self.emit(build.preemption_seen(req=req, gen=gen, rank=self.rank))
             newest = self._gens.get(req)
             if newest is None or gen >= newest:
                 # Like the fixed connector: the ended generation's live jobs,
@@ -219,7 +220,7 @@ class WorkerLedger:
             if blocked:
                 return False
             # PREMATURE_RETIRE: a policy let it retire with a job outstanding
-            self.emit(ev.RequestRetired(req=req, gen=gen, rank=self.rank), suspect=outstanding)
+            self.emit(build.request_retired(req=req, gen=gen, rank=self.rank), suspect=outstanding)
             return True
 
     def _superseded(self, req: str, gen: int) -> bool:
@@ -276,7 +277,7 @@ class WorkerLedger:
             self._completed[job] = self._completed.get(job, 0) + 1
             # DOUBLE_REPORT (or UNLEDGERED_JOB): reported already, or never registered
             self.emit(
-                ev.JobReported(job=job, rank=self.rank),
+                build.job_reported(job=job, rank=self.rank),
                 quiet=quiet,
                 suspect=job not in self._specs,
             )

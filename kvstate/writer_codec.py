@@ -36,9 +36,10 @@ import msgspec
 from journal import segments
 from journal.segments import file_bytes
 
+from . import build
 from .audit import Auditor, Fold
 from .codec import Entry, payload_bytes, refusal, refused, to_row
-from .events import SIDE_WORKER, EngineCrashed, JournalOpened
+from .events import SIDE_WORKER, JournalOpened
 from .violations import Code, Violation
 
 if TYPE_CHECKING:
@@ -312,7 +313,7 @@ class BatchCodec:
 
     def orphaned(self, last_seq: int) -> list[NewRow]:
         """The record that closes a journal whose engine died: ``engine_crashed``."""
-        event = EngineCrashed(error=ORPHANED)
+        event = build.engine_crashed(error=ORPHANED)
         return [
             (last_seq + 1, event.kind, self._last_step, None, time.monotonic_ns(),
              payload_bytes(event))

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from kvstate import events as ev
+from kvstate import build
 from kvstate.ledger import Ledger
 from kvstate.recorder import Recorder
 from kvstate.scheduler import SchedulerLedger
@@ -240,7 +240,9 @@ class Stage:
         """Read every stored key back and compare it with what its tokens should hold."""
         for key in sorted(self.store):
             actual, expected = self.store[key], self.expected.get(key)
-            event = ev.KeyVerified(key=key, ok=actual == expected, expected=expected, actual=actual)
+            event = build.key_verified(
+                key=key, ok=actual == expected, expected=expected, actual=actual
+            )
             self.recorder.record(event, self.sched.step)
 
 
@@ -270,7 +272,7 @@ def run_case(case: Case, policy: str) -> Recorder:
 
     The clock is a counter, so the same case gives the same journal byte for byte.
     """
-    header = ev.JournalOpened(
+    header = build.journal_opened(
         version=1,
         block_size=BLOCK_SIZE,
         world_size=case.world_size,

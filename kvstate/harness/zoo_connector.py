@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+from kvstate import build
 from kvstate import events as ev
-from kvstate import transfer_events as tx
 from kvstate.recorder import Recorder
 
 BLOCK_SIZE = 4
@@ -48,7 +48,7 @@ class ConnectorStage:
             self.finish(req)
         for req in sorted(self.held):
             self.sent(req)
-        self._record(ev.EngineIdle())
+        self._record(build.engine_idle())
 
     def _record(self, event: ev.Event) -> None:
         self.recorder.record(event, self.step_no)
@@ -69,34 +69,36 @@ class ConnectorStage:
     def admit(self, req: str, n: int) -> None:
         self.gens[req] = self.gens[req] + 1 if req in self.gens else 0
         self.done.discard(req)
-        self._record(ev.RequestAdmitted(req=req, gen=self.gens[req], prompt_tokens=n * BLOCK_SIZE))
+        self._record(
+            build.request_admitted(req=req, gen=self.gens[req], prompt_tokens=n * BLOCK_SIZE)
+        )
         self.tables[req] = self._alloc(n)
         self._assign(req, self.tables[req], "replace")
 
     def _assign(self, req: str, blocks: list[int], mode: Mode) -> None:
         gen = self.gens[req]
-        self._record(ev.BlocksAssigned(req=req, gen=gen, blocks=tuple(blocks), mode=mode))
+        self._record(build.blocks_assigned(req=req, gen=gen, blocks=blocks, mode=mode))
 
     def match(self, req: str, computed: int, matched: int, *, load_async: bool = True) -> None:
-        kind = tx.KvMatched(req=req, computed=computed, matched=matched, load_async=load_async)
+        kind = build.kv_matched(req=req, computed=computed, matched=matched, load_async=load_async)
         self._record(kind)
 
     def load(self, req: str, n: int) -> None:
         """``req`` is admitted waiting for an asynchronous load into ``n`` blocks."""
         self.admit(req, n)
         blocks = tuple(self.tables[req])
-        self._record(tx.RemoteLoadStarted(req=req, gen=self.gens[req], blocks=blocks,
+        self._record(build.remote_load_started(req=req, gen=self.gens[req], blocks=blocks,
                                           tokens=n * BLOCK_SIZE))  # fmt: skip
         self.loading.add(req)
 
     def received(self, req: str, *, failed: bool = False) -> None:
         """The connector reports ``req``'s load done (``finished_recving``)."""
         gen = self.gens[req]
-        self._record(tx.TransferFinished(req=req, gen=gen, direction="recv", failed=failed))
+        self._record(build.transfer_finished(req=req, gen=gen, direction="recv", failed=failed))
         self.loading.discard(req)
         if req in self.held:  # finished while loading: vLLM frees it now
             self.held.discard(req)
-            self._record(ev.HeldBlocksReleased(req=req, gen=gen))
+            self._record(build.held_blocks_released(req=req, gen=gen))
             self._release(req)
 
     def schedule(self, req: str) -> None:
@@ -104,12 +106,12 @@ class ConnectorStage:
         self._assign(req, self.tables[req], "replace")
 
     def invalid(self, blocks: list[int]) -> None:
-        self._record(tx.BlocksInvalid(blocks=tuple(blocks)))
+        self._record(build.blocks_invalid(blocks=blocks))
 
     def finish(self, req: str, *, hold: bool = False) -> None:
         """``req`` finishes; ``hold``: the connector delays the free until it sent it."""
         hold = hold or req in self.loading  # vLLM's own rule while a load is outstanding
-        self._record(ev.RequestFinished(req=req, gen=self.gens[req], hold=hold))
+        self._record(build.request_finished(req=req, gen=self.gens[req], hold=hold))
         self.done.add(req)
         if hold:
             self.held.add(req)
@@ -119,19 +121,19 @@ class ConnectorStage:
     def sent(self, req: str) -> None:
         """The connector reports ``req``'s send done; vLLM frees the held blocks."""
         gen = self.gens[req]
-        self._record(tx.TransferFinished(req=req, gen=gen, direction="send"))
+        self._record(build.transfer_finished(req=req, gen=gen, direction="send"))
         if req in self.held:
             self.held.discard(req)
-            self._record(ev.HeldBlocksReleased(req=req, gen=gen))
+            self._record(build.held_blocks_released(req=req, gen=gen))
             self._release(req)
 
     def preempt(self, req: str) -> None:
-        self._record(ev.RequestPreempted(req=req, gen=self.gens[req]))
+        self._record(build.request_preempted(req=req, gen=self.gens[req]))
         self._release(req)
 
     def resume(self, req: str, n: int, *, mode: Mode = "replace") -> None:
         self.gens[req] += 1
-        self._record(ev.RequestResumed(req=req, gen=self.gens[req]))
+        self._record(build.request_resumed(req=req, gen=self.gens[req]))
         self.tables[req] = self._alloc(n)
         self._assign(req, self.tables[req], mode)
 
@@ -159,7 +161,7 @@ def load_target_released(s: ConnectorStage) -> None:
     s.load("r1", 2)
     s.step()
     if s.legacy:
-        s._record(ev.RequestFinished(req="r1", gen=0, hold=False, aborted=True))
+        s._record(build.request_finished(req="r1", gen=0, hold=False, aborted=True))
         s.done.add("r1")
         s.loading.discard("r1")
         s._release("r1")
@@ -191,7 +193,7 @@ def double_finish(s: ConnectorStage) -> None:
     s.preempt("r1")
     s.finish("r1")
     if s.legacy:
-        s._record(ev.RequestFinished(req="r1", gen=0))
+        s._record(build.request_finished(req="r1", gen=0))
 
 
 def failed_load_used(s: ConnectorStage) -> None:

@@ -23,8 +23,8 @@ from typing import Literal
 
 import attrs
 
+from kvstate import build
 from kvstate import events as ev
-from kvstate import tier_events as tier
 from kvstate.recorder import Recorder
 
 BLOCK_SIZE = 4
@@ -73,7 +73,7 @@ class OffloadStage:
         for job in sorted(self.live):
             self.transfer(job)
         self.audit()
-        self._record(ev.EngineIdle())
+        self._record(build.engine_idle())
 
     def _record(self, event: ev.Event) -> None:
         self.recorder.record(event, self.step_no)
@@ -99,7 +99,7 @@ class OffloadStage:
         Returns the load job, if any."""
         self.prompts[req] = prompt or req
         self.gens[req] = 0
-        self._record(ev.RequestAdmitted(req=req, gen=0, prompt_tokens=n * BLOCK_SIZE))
+        self._record(build.request_admitted(req=req, gen=0, prompt_tokens=n * BLOCK_SIZE))
         self._assign(req, self._alloc(n), "append")
         return self._load(req, load) if load else None
 
@@ -109,7 +109,7 @@ class OffloadStage:
 
     def _assign(self, req: str, blocks: list[int], mode: Literal["append", "replace"]) -> None:
         gen = self.gens[req]
-        self._record(ev.BlocksAssigned(req=req, gen=gen, blocks=tuple(blocks), mode=mode))
+        self._record(build.blocks_assigned(req=req, gen=gen, blocks=blocks, mode=mode))
         if mode == "replace":
             self.tables[req], self.computed[req] = list(blocks), 0
         else:
@@ -118,14 +118,14 @@ class OffloadStage:
     def preempt(self, req: str, *, flush: bool) -> None:
         """``req`` is preempted and its blocks freed; with ``flush`` its live
         stores are flushed first (vLLM #29870): every rank copies them now."""
-        self._record(ev.RequestPreempted(req=req, gen=self.gens[req]))
+        self._record(build.request_preempted(req=req, gen=self.gens[req]))
         stores = sorted(j for j in self.live if self.jobs[j].req == req and not self.jobs[j].load)
         if flush and stores:
-            self._record(tier.FlushRequested(jobs=tuple(stores)))
+            self._record(build.flush_requested(jobs=stores))
             for job in stores:
                 self.copy(job)
             for rank in range(self.world_size):
-                self._record(tier.FlushDone(jobs=tuple(stores), rank=rank))
+                self._record(build.flush_done(jobs=stores, rank=rank))
         self._release(req)
 
     def resume(self, req: str, n: int, *, load: int = 0) -> int | None:
@@ -133,7 +133,7 @@ class OffloadStage:
         tier's first ``load`` chunks of its prompt are loaded into them.
         Returns the load job, if any."""
         self.gens[req] += 1
-        self._record(ev.RequestResumed(req=req, gen=self.gens[req]))
+        self._record(build.request_resumed(req=req, gen=self.gens[req]))
         self._assign(req, self._alloc(n), "replace")
         return self._load(req, load) if load else None
 
@@ -141,12 +141,12 @@ class OffloadStage:
         job = self._new_job(req, list(range(n)), load=True)
         spec = self.jobs[job]
         self._record(
-            tier.LoadEnqueued(
+            build.load_enqueued(
                 job=job,
                 req=req,
                 gen=spec.gen,
-                writes=tuple(spec.blocks),
-                keys=tuple(spec.keys),
+                writes=spec.blocks,
+                keys=spec.keys,
                 world_size=self.world_size,
             )
         )
@@ -154,7 +154,7 @@ class OffloadStage:
         return job
 
     def finish(self, req: str) -> None:
-        self._record(ev.RequestFinished(req=req, gen=self.gens[req]))
+        self._record(build.request_finished(req=req, gen=self.gens[req]))
         self._release(req)
 
     def key(self, req: str, i: int) -> str:
@@ -175,15 +175,15 @@ class OffloadStage:
         spec = self.jobs[job]
         self._make_room(len(spec.keys))
         self._record(
-            ev.JobEnqueued(
+            build.job_enqueued(
                 job=job,
                 req=req,
                 gen=spec.gen,
                 token_start=first * BLOCK_SIZE,
                 token_end=last * BLOCK_SIZE,
-                reads=tuple(spec.blocks),
+                reads=spec.blocks,
                 pins=(),
-                keys=tuple(spec.keys),
+                keys=spec.keys,
                 world_size=self.world_size,
                 parent=self.key(req, first - 1) if first else None,
             )
@@ -194,7 +194,7 @@ class OffloadStage:
     def evict(self, keys: Iterable[str]) -> None:
         gone = [k for k in keys if self.tier.pop(k, None) is not None]
         if gone:
-            self._record(tier.TierEvicted(keys=tuple(gone)))
+            self._record(build.tier_evicted(keys=gone))
 
     def _make_room(self, n: int) -> None:
         over = len(self.tier) + n - self.tier_chunks
@@ -205,14 +205,14 @@ class OffloadStage:
         """The scheduler consumes ``count`` completions of ``job`` (every rank's
         by default); with all of them the job ends, and a store's keys are the tier's."""
         n = self.world_size if count is None else count
-        self._record(ev.CompletionsReceived(job=job, count=n))
+        self._record(build.completions_received(job=job, count=n))
         if job not in self.live:
             return
         spec = self.jobs[job]
         self.live.discard(job)
-        self._record(ev.PinsReleased(job=job, blocks=()))
+        self._record(build.pins_released(job=job, blocks=()))
         if not spec.load:
-            self._record(tier.TierStored(job=job, keys=tuple(spec.keys)))
+            self._record(build.tier_stored(job=job, keys=spec.keys))
             # A key whose copy has not run yet holds nothing written.
             data = spec.data if spec.copied else [UNWRITTEN] * len(spec.keys)
             for key, value in zip(spec.keys, data, strict=True):
@@ -223,7 +223,7 @@ class OffloadStage:
 
     def _receive(self, job: int) -> None:
         for rank in range(self.world_size):
-            self._record(ev.JobReceived(job=job, rank=rank))
+            self._record(build.job_received(job=job, rank=rank))
 
     def forward(self) -> None:
         """The step's forward pass: each request computes the blocks it has not yet."""
@@ -240,13 +240,13 @@ class OffloadStage:
             return
         spec.copied = True
         for rank in range(self.world_size):
-            self._record(ev.JobStarted(job=job, rank=rank))
+            self._record(build.job_started(job=job, rank=rank))
         if spec.load:
             for key, block in zip(spec.keys, spec.blocks, strict=True):
                 value = self.tier.get(key, UNWRITTEN)
                 self.content[block] = value
                 ok = value == self._expected(key)
-                self._record(ev.LoadVerified(req=spec.req, gen=spec.gen, key=key, ok=ok))
+                self._record(build.load_verified(req=spec.req, gen=spec.gen, key=key, ok=ok))
             self.computed[spec.req] = len(spec.blocks)
         else:
             spec.data = [self.content.get(b, UNWRITTEN) for b in spec.blocks]
@@ -254,7 +254,7 @@ class OffloadStage:
                 if key in self.tier:  # completed before its copy ran: the slot is written now
                     self.tier[key] = value
         for rank in range(self.world_size):
-            self._record(ev.JobReported(job=job, rank=rank))
+            self._record(build.job_reported(job=job, rank=rank))
 
     def transfer(self, job: int) -> None:
         """``job`` copied on every rank, then its completions consumed."""
@@ -266,7 +266,7 @@ class OffloadStage:
         for key, value in self.tier.items():
             expected = self._expected(key)
             self._record(
-                ev.KeyVerified(key=key, ok=value == expected, expected=expected, actual=value)
+                build.key_verified(key=key, ok=value == expected, expected=expected, actual=value)
             )
 
     @staticmethod

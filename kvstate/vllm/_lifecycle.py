@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from kvstate import build
 from kvstate import events as ev
 from kvstate.recorder import Recorder
 from kvstate.vllm._commit import GroupCommit
@@ -84,7 +85,7 @@ class LifecycleObserver:
                 continue
             if req in self.finished:
                 continue
-            self._record(ev.RequestPreempted(req=req, gen=gen))
+            self._record(build.request_preempted(req=req, gen=gen))
             preempted[req] = gen
         self.after_preemptions()
         for new in out.scheduled_new_reqs:
@@ -96,7 +97,7 @@ class LifecycleObserver:
                 self.waiting.discard(req)
             elif req in self.gens and req not in self.finished:
                 self.gens[req] += 1  # the v2 runner resumes a request as "new"
-                self._record(ev.RequestResumed(req=req, gen=self.gens[req]))
+                self._record(build.request_resumed(req=req, gen=self.gens[req]))
             else:
                 self.admit(req, len(new.prompt_token_ids or ()))
             restarted.add(req)
@@ -117,15 +118,13 @@ class LifecycleObserver:
                     self.waiting.discard(req)
                 else:
                     self.gens[req] += 1
-                    self._record(ev.RequestResumed(req=req, gen=self.gens[req]))
+                    self._record(build.request_resumed(req=req, gen=self.gens[req]))
                 restarted.add(req)
                 computed = cached_reqs.num_computed_tokens[i]
                 self.replaced(req, table, table[: local(req, computed) // bs])
             elif table:
                 self._record(
-                    ev.BlocksAssigned(
-                        req=req, gen=self.gens[req], blocks=tuple(table), mode="append"
-                    )
+                    build.blocks_assigned(req=req, gen=self.gens[req], blocks=table, mode="append")
                 )
         return restarted, preempted
 
@@ -135,7 +134,7 @@ class LifecycleObserver:
         gen = self.gens[req]
         blocks, kept = tuple(table), tuple(cached)
         self._record(
-            ev.BlocksAssigned(req=req, gen=gen, blocks=blocks, mode="replace", cached=kept)
+            build.blocks_assigned(req=req, gen=gen, blocks=blocks, mode="replace", cached=kept)
         )
 
     def admit(self, req: str, prompt: int) -> None:
@@ -144,7 +143,7 @@ class LifecycleObserver:
         gen = self.gens[req] + 1 if req in self.gens else 0
         self.gens[req] = gen
         self.finished.discard(req)
-        self._record(ev.RequestAdmitted(req=req, gen=gen, prompt_tokens=prompt))
+        self._record(build.request_admitted(req=req, gen=gen, prompt_tokens=prompt))
 
     def after_preemptions(self) -> None:
         """Between the step's preemptions and its new tables (a connector's flush goes here)."""
@@ -159,7 +158,7 @@ class LifecycleObserver:
         self.finished.add(req)
         status = str(getattr(request, "status", ""))
         aborted = "ABORT" in status.upper()
-        self._record(ev.RequestFinished(req=req, gen=gen, hold=bool(hold), aborted=aborted))
+        self._record(build.request_finished(req=req, gen=gen, hold=bool(hold), aborted=aborted))
         if hold:
             self.holding[req] = gen
 
@@ -168,7 +167,7 @@ class LifecycleObserver:
         for req in sorted(reqs or ()):
             gen = self.holding.pop(req, None)
             if gen is not None:
-                self._record(ev.HeldBlocksReleased(req=req, gen=gen))
+                self._record(build.held_blocks_released(req=req, gen=gen))
 
     def commit(self) -> None:
         """A step boundary: commit in groups (see :mod:`kvstate.vllm._commit`)."""
@@ -199,7 +198,7 @@ class LifecycleObserver:
             return
         self.closed = True
         if error is not None:
-            self._record(ev.EngineCrashed(error=error))
+            self._record(build.engine_crashed(error=error))
         elif idle and self.quiescent():
-            self._record(ev.EngineIdle())
+            self._record(build.engine_idle())
         self.recorder.close()

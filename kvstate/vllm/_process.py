@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kvstate import events as ev
+from kvstate import build
 from kvstate.errors import RefusedValueError
 from kvstate.vllm import _journals
 from kvstate.vllm._compat import Connector
@@ -281,7 +281,7 @@ def _crashed(observer: Any, error: str) -> None:
     if observer.closed:
         return
     observer.closed = True
-    observer.recorder.record(ev.EngineCrashed(error=error), observer.step)
+    observer.recorder.record(build.engine_crashed(error=error), observer.step)
     observer.recorder.close()
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from kvstate import events as ev
+from kvstate import build
 
 
 class StandDown(Exception):
@@ -49,5 +49,5 @@ def stand_down(observer: Any, reason: str) -> None:
     if observer.closed:
         return
     observer.closed = True
-    observer.recorder.record(ev.ObserverStoodDown(reason=reason), observer.step)
+    observer.recorder.record(build.observer_stood_down(reason=reason), observer.step)
     observer.recorder.close()

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvstate import events as ev
+from kvstate import build
 from kvstate.recorder import Recorder
 from kvstate.vllm._lifecycle import LifecycleObserver, group0, hex_of
 
@@ -101,15 +101,15 @@ class SchedulerObserver(LifecycleObserver):
             pins = list(pinned[job][0])
         reads = table[start // bs : end // bs] if end > start else pins
         self._record(
-            ev.JobEnqueued(
+            build.job_enqueued(
                 job=job,
                 req=req,
                 gen=gen,
                 token_start=start,
                 token_end=end,
-                reads=tuple(reads),
-                pins=tuple(pins),
-                keys=tuple(keys),
+                reads=reads,
+                pins=pins,
+                keys=keys,
                 parent=parent,
                 world_size=self.world_size,
             )
@@ -128,7 +128,7 @@ class SchedulerObserver(LifecycleObserver):
         self.waiting.add(req)
         entry = getattr(sched, "_unfinished_requests", {}).get(req)
         prompt = entry[0].num_prompt_tokens if entry else spec.kvpool_cached_tokens
-        self._record(ev.RequestAdmitted(req=req, gen=0, prompt_tokens=prompt))
+        self._record(build.request_admitted(req=req, gen=0, prompt_tokens=prompt))
         self.replaced(req, table, table[: spec.vllm_cached_tokens // self.block_size])
 
     # -- between steps --------------------------------------------------------------
@@ -139,9 +139,9 @@ class SchedulerObserver(LifecycleObserver):
             if job not in self.jobs:
                 self.met_in_flight += 1  # enqueued before this journal began
                 continue
-            self._record(ev.CompletionsReceived(job=job, count=count))
+            self._record(build.completions_received(job=job, count=count))
         for job, blocks in released.items():
             if job not in self.jobs:
                 continue
             self.jobs.discard(job)
-            self._record(ev.PinsReleased(job=job, blocks=tuple(reversed(blocks))))
+            self._record(build.pins_released(job=job, blocks=reversed(blocks)))

@@ -25,7 +25,7 @@ from collections.abc import Callable, Generator
 
 import attrs
 
-from kvstate import events as ev
+from kvstate import build
 from kvstate.scheduler import SchedulerLedger
 from kvstate.worker import JobSpec, WorkerLedger
 
@@ -210,13 +210,13 @@ class StoreConnectorScheduler:
 
     def _journal_loads(self) -> None:
         for key, reason in self._missing:
-            self.ledger.recorder.record(ev.KeyMissing(key=key, reason=reason), self.ledger.step)
+            self.ledger.recorder.record(build.key_missing(key=key, reason=reason), self.ledger.step)
         self._missing = []
         for req, checks in self._loads:
             gen = self.ledger.current_gen(req)
             for key, ok in checks:
                 self.ledger.recorder.record(
-                    ev.LoadVerified(req=req, gen=gen, key=key, ok=ok, job=self.writer_of(key)),
+                    build.load_verified(req=req, gen=gen, key=key, ok=ok, job=self.writer_of(key)),
                     self.ledger.step,
                 )
                 self.load_checks.append((req, gen, key, ok))

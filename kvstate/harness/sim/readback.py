@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from kvstate import events as ev
+from kvstate import build
 from kvstate.recorder import Recorder
 
 from . import store as st
@@ -46,14 +46,14 @@ def read_back(
             code = exc.code
         if code < 0:
             missing += 1
-            recorder.record(ev.KeyMissing(key=key, reason=st.describe_missing(code)), step)
+            recorder.record(build.key_missing(key=key, reason=st.describe_missing(code)), step)
             if code == st.RPC_FAIL:
                 break  # every further read would wait for the dead master
             continue
         expected = full_block_kv(block_hash, rank, size)
         ok = bytes(buffer) == expected
         poisoned += not ok
-        event = ev.KeyVerified(
+        event = build.key_verified(
             key=key, ok=ok, expected=short(expected), actual=short(bytes(buffer)), job=writers[key]
         )
         recorder.record(event, step)

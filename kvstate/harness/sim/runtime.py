@@ -31,7 +31,7 @@ from typing import Any
 
 from journal import JournalError, segments
 from journal.rotation import Rotation
-from kvstate import events as ev
+from kvstate import build
 from kvstate.checkpoint import restore, resumed_at
 from kvstate.codec import from_stored
 from kvstate.folder import Folder, fold_all
@@ -93,7 +93,7 @@ class Simulation:
             run = f"{kind}-" + hashlib.sha256(repr(config).encode()).hexdigest()[:16]
         elif run is None:
             run = uuid.uuid4().hex
-        header = ev.JournalOpened(
+        header = build.journal_opened(
             version=1,
             block_size=config.block_size,
             world_size=config.world_size,

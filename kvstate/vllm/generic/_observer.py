@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvstate import events as ev
-from kvstate import transfer_events as tx
+from kvstate import build
 from kvstate.vllm._lifecycle import LifecycleObserver, group0
 
 
@@ -44,12 +43,12 @@ class ConnectorObserver(LifecycleObserver):
             self.arrived.add(req)
             params = _params(getattr(request, "kv_transfer_params", None))
             if params is not None:  # a P/D decode's request names where its KV is
-                self._record(tx.TransferParams(req=req, at="arrived", params=params))
+                self._record(build.transfer_params(req=req, at="arrived", params=params))
         now = (int(computed), int(matched), bool(load_async))
         if self.matches.get(req) == now:
             return  # the same answer again: nothing new to judge
         self.matches[req] = now
-        self._record(tx.KvMatched(req=req, computed=now[0], matched=now[1], load_async=now[2]))
+        self._record(build.kv_matched(req=req, computed=now[0], matched=now[1], load_async=now[2]))
 
     def allocated(self, request: Any, blocks: Any, external: int) -> None:
         """``update_state_after_alloc``: an asynchronous load's blocks are now the request's.
@@ -78,13 +77,15 @@ class ConnectorObserver(LifecycleObserver):
         for req, (table, local, external, prompt) in self.pending.items():
             if req in self.gens and req not in self.finished:
                 self.gens[req] += 1  # a preempted request loads again
-                self._record(ev.RequestResumed(req=req, gen=self.gens[req]))
+                self._record(build.request_resumed(req=req, gen=self.gens[req]))
             else:
                 self.admit(req, prompt)
             gen = self.gens[req]
             self.replaced(req, table, table[: local // bs])
             targets = tuple(table[local // bs : -(-(local + external) // bs)])
-            self._record(tx.RemoteLoadStarted(req=req, gen=gen, blocks=targets, tokens=external))
+            self._record(
+                build.remote_load_started(req=req, gen=gen, blocks=targets, tokens=external)
+            )
             self.waiting.add(req)
             self.loading[req] = gen
             self.matches.pop(req, None)
@@ -126,11 +127,11 @@ class ConnectorObserver(LifecycleObserver):
         params = _params(answer[1]) if isinstance(answer, tuple) and len(answer) > 1 else None
         if params is not None and gen is not None:
             # what the peer engine is told to read: relates its load to this hold
-            self._record(tx.TransferParams(req=req, gen=gen, at="finished", params=params))
+            self._record(build.transfer_params(req=req, gen=gen, at="finished", params=params))
         if gen is not None and req in self.finished:
             # vLLM finished this incarnation already (vLLM #50297): the fold
             # judges a second finish, so it is written as it happened.
-            self._record(ev.RequestFinished(req=req, gen=gen, hold=hold))
+            self._record(build.request_finished(req=req, gen=gen, hold=hold))
             return
         self.request_finished(request, hold=hold)
 
@@ -149,7 +150,7 @@ class ConnectorObserver(LifecycleObserver):
         if not (output.finished_recving or output.finished_sending or failed_recving or invalid):
             return
         if invalid:
-            self._record(tx.BlocksInvalid(blocks=tuple(sorted(invalid))))
+            self._record(build.blocks_invalid(blocks=sorted(invalid)))
         failed = set(failed_recving or ())
         for req in sorted(set(output.finished_recving or ()) | failed):
             gen = self.gens.get(req)
@@ -158,25 +159,25 @@ class ConnectorObserver(LifecycleObserver):
                 continue
             self.loading.pop(req, None)
             self._record(
-                tx.TransferFinished(req=req, gen=gen, direction="recv", failed=req in failed)
+                build.transfer_finished(req=req, gen=gen, direction="recv", failed=req in failed)
             )
             if req in self.finished and self.holding.get(req) == gen:
                 del self.holding[req]  # vLLM frees a finished request once its load ended
-                self._record(ev.HeldBlocksReleased(req=req, gen=gen))
+                self._record(build.held_blocks_released(req=req, gen=gen))
         for req in sorted(output.finished_sending or ()):
             gen = self.gens.get(req)
             if gen is None:
                 self.met_in_flight += 1
                 continue
-            self._record(tx.TransferFinished(req=req, gen=gen, direction="send"))
+            self._record(build.transfer_finished(req=req, gen=gen, direction="send"))
             if self.holding.get(req) == gen:
                 del self.holding[req]
-                self._record(ev.HeldBlocksReleased(req=req, gen=gen))
+                self._record(build.held_blocks_released(req=req, gen=gen))
         self.commit()
 
     def reset(self, answer: Any) -> None:
         """``reset_cache``: vLLM reset its prefix cache and asked the connector to."""
-        self._record(tx.CacheReset(accepted=answer is not False))
+        self._record(build.cache_reset(accepted=answer is not False))
         self.commit()
 
 

@@ -24,6 +24,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from kvstate import build
 from kvstate import events as ev
 from kvstate.recorder import Recorder
 from kvstate.vllm._commit import GroupCommit
@@ -163,11 +164,11 @@ class WorkerObserver:
         """``delete_finished_stored_request``: a preemption seen, or a finished request retired."""
         gen = self.preempting.get(req)
         if gen is not None:
-            self._record(ev.PreemptionSeen(req=req, gen=gen, rank=self.rank))
+            self._record(build.preemption_seen(req=req, gen=gen, rank=self.rank))
             return
         newest = self.newest.get(req)
         if newest is not None:
-            self._record(ev.RequestRetired(req=req, gen=newest, rank=self.rank))
+            self._record(build.request_retired(req=req, gen=newest, rank=self.rank))
 
     # -- the sending thread ----------------------------------------------------------
 
@@ -179,7 +180,7 @@ class WorkerObserver:
         gen = getattr(meta, "_kvstate_gen", None)
         if gen is not None and gen > self.newest.get(meta.req_id, -1):
             self.newest[meta.req_id] = gen
-        self._record(ev.JobReceived(job=job, rank=self.rank))
+        self._record(build.job_received(job=job, rank=self.rank))
         self.unreported.add(job)
         if self.fingerprint and job % self.every == 0:
             self.requested[job] = self._fingerprint_blocks(thread, meta)
@@ -210,27 +211,27 @@ class WorkerObserver:
         run: _Job | None = getattr(self.current, "job", None)
         if run is not None and not run.started:
             run.started = True
-            self._record(ev.JobStarted(job=run.id, rank=self.rank))
+            self._record(build.job_started(job=run.id, rank=self.rank))
         return run
 
     def end_job(self, run: _Job) -> None:
         """The single exit of every job: skipped if it never started, then reported."""
         self.current.job = None
         if not run.started:
-            self._record(ev.JobSkipped(job=run.id, rank=self.rank, reason=run.reason))
-        self._record(ev.JobReported(job=run.id, rank=self.rank))
+            self._record(build.job_skipped(job=run.id, rank=self.rank, reason=run.reason))
+        self._record(build.job_reported(job=run.id, rank=self.rank))
         self.unreported.discard(run.id)
         self.requested.pop(run.id, None)
 
     def offset_saved(self, req: str, offset: int) -> None:
         run = self.started()
         if run is not None:
-            self._record(ev.OffsetSaved(job=run.id, rank=self.rank, req=req, offset=offset))
+            self._record(build.offset_saved(job=run.id, rank=self.rank, req=req, offset=offset))
 
     def marked_skipped(self, req: str) -> None:
         run = self.started()
         if run is not None:
-            self._record(ev.RequestMarkedSkipped(job=run.id, rank=self.rank, req=req))
+            self._record(build.request_marked_skipped(job=run.id, rank=self.rank, req=req))
 
     def kv_events(self, events: Any) -> None:
         """``BlockStored`` events the job publishes: each key and the parent vLLM gave it."""
@@ -242,7 +243,7 @@ class WorkerObserver:
             parent = stored.parent_block_hash
             for block_hash in stored.block_hashes:
                 self._record(
-                    ev.KvBlockStored(
+                    build.kv_block_stored(
                         job=run.id,
                         rank=self.rank,
                         key=name(block_hash),
@@ -257,11 +258,11 @@ class WorkerObserver:
         if run is None:
             return
         if state is None:
-            self._record(ev.RetryTokensCleared(job=run.id, rank=self.rank, req=req))
+            self._record(build.retry_tokens_cleared(job=run.id, rank=self.rank, req=req))
         else:
             start, tokens = state
             self._record(
-                ev.RetryTokensSet(
+                build.retry_tokens_set(
                     job=run.id, rank=self.rank, req=req, start=start, count=len(tokens)
                 )
             )
@@ -274,7 +275,7 @@ class WorkerObserver:
         table = run.meta.block_ids[0]
         chunks = [run.chunk(_key_hex(k)) for k in keys]
         blocks = [table[c] for c in chunks if c is not None and c < len(table)]
-        self._record(ev.DmaStarted(job=run.id, rank=self.rank, blocks=tuple(blocks)))
+        self._record(build.dma_started(job=run.id, rank=self.rank, blocks=blocks))
         digest = expected = None
         now = []
         sampled = run.id % self.every == 0
@@ -296,16 +297,20 @@ class WorkerObserver:
         """The put returned (per-key codes) or raised."""
         run, blocks, digest, expected, count = pre
         self._record(
-            ev.DmaDone(job=run.id, rank=self.rank, digest=digest, blocks=blocks, expected=expected)
+            build.dma_done(
+                job=run.id, rank=self.rank, digest=digest, blocks=blocks, expected=expected
+            )
         )
         if error is not None:
-            self._record(ev.PutFailed(job=run.id, rank=self.rank, error=repr(error)[:200]))
+            self._record(build.put_failed(job=run.id, rank=self.rank, error=repr(error)[:200]))
             return
         failed = sorted({code for code in result if code < 0})
         if failed:
-            self._record(ev.PutFailed(job=run.id, rank=self.rank, error=f"codes {failed}"))
+            self._record(build.put_failed(job=run.id, rank=self.rank, error=f"codes {failed}"))
         else:
-            self._record(ev.PutDone(job=run.id, rank=self.rank, stored=count, existed=run.existed))
+            self._record(
+                build.put_done(job=run.id, rank=self.rank, stored=count, existed=run.existed)
+            )
 
     def exist_checked(self, states: Any) -> None:
         """``batch_is_exist``: keys already stored are not put (nor read) again."""
@@ -334,10 +339,12 @@ class WorkerObserver:
                 # Another engine sharing the store wrote it: this run cannot
                 # judge the bytes; a fleet check joins the digest with the
                 # writer's audit (a mixed-release fleet mid-upgrade).
-                self._record(ev.KeyLoaded(req=meta.req_id, gen=gen, key=name, digest=digest))
+                self._record(build.key_loaded(req=meta.req_id, gen=gen, key=name, digest=digest))
                 continue
             ok = digest == wrote[2]
-            self._record(ev.LoadVerified(req=meta.req_id, gen=gen, key=name, ok=ok, job=wrote[0]))
+            self._record(
+                build.load_verified(req=meta.req_id, gen=gen, key=name, ok=ok, job=wrote[0])
+            )
 
     def read_back(self) -> dict[str, int]:
         """Read every key this rank wrote back from the store; returns counts."""
@@ -348,16 +355,16 @@ class WorkerObserver:
             try:
                 value = self.store.get(key)
             except Exception as exc:  # a failed read is reported, never hidden
-                self._record(ev.KeyMissing(key=name, reason=f"read failed: {exc!r}"[:200]))
+                self._record(build.key_missing(key=name, reason=f"read failed: {exc!r}"[:200]))
                 counts["missing"] += 1
                 continue
             if not value:
-                self._record(ev.KeyMissing(key=name, reason="evicted"))
+                self._record(build.key_missing(key=name, reason="evicted"))
                 counts["missing"] += 1
                 continue
             actual = _fingerprint.of_bytes(value)
             ok = actual == want
-            self._record(ev.KeyVerified(key=name, ok=ok, expected=want, actual=actual, job=job))
+            self._record(build.key_verified(key=name, ok=ok, expected=want, actual=actual, job=job))
             counts["verified"] += 1
             counts["poisoned"] += not ok
         return counts

@@ -9,9 +9,7 @@ from collections.abc import Collection
 from typing import Any
 from unittest.mock import NonCallableMock
 
-from kvstate import events as ev
-from kvstate import tier_events as tier
-from kvstate import transfer_events as tx
+from kvstate import build
 from kvstate.recorder import Recorder
 from kvstate.vllm._lifecycle import group0
 from kvstate.vllm._shapes import Shapes
@@ -219,7 +217,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             first = self._flush_first
             late = sorted(j for j in flush if j in keys and j not in first)
             if late:
-                self._record(tier.FlushRequested(jobs=tuple(late)))
+                self._record(build.flush_requested(jobs=late))
             # a job the last cache reset discarded is flushed too (vLLM flushes
             # every job in flight at a reset): known, not begun before the journal
             gone = self.discarded
@@ -257,7 +255,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
     def after_preemptions(self) -> None:
         # Before the step's tables: these jobs' blocks may be handed on below.
         if self._flush_first:
-            self._record(tier.FlushRequested(jobs=self._flush_first))
+            self._record(build.flush_requested(jobs=self._flush_first))
 
     def _load(self, job: int, transfer: Any, scheduled: Collection[str] = ()) -> None:
         """Load ``job``, issued this step; ``scheduled`` are the requests this
@@ -279,17 +277,17 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             return
         if gen is None:
             gen = self.gens[req] = 0
-            self._record(ev.RequestAdmitted(req=req, gen=0, prompt_tokens=prompt))
+            self._record(build.request_admitted(req=req, gen=0, prompt_tokens=prompt))
         elif req in self.finished or req in self.waiting:
             self.met_in_flight += 1
             return
         else:  # preempted earlier; its load is its resume
             gen = self.gens[req] = gen + 1
-            self._record(ev.RequestResumed(req=req, gen=gen))
+            self._record(build.request_resumed(req=req, gen=gen))
         self.waiting.add(req)
         cached = tuple(table[: local // self.block_size])
         self._record(
-            ev.BlocksAssigned(req=req, gen=gen, blocks=tuple(table), mode="replace", cached=cached)
+            build.blocks_assigned(req=req, gen=gen, blocks=table, mode="replace", cached=cached)
         )
         self._load_enqueued(job, req, gen, transfer, keys)
 
@@ -297,12 +295,12 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         self.keys[job] = tuple(keys)
         self.step_jobs[job] = (req, gen, tuple(keys), False)
         self._record(
-            tier.LoadEnqueued(
+            build.load_enqueued(
                 job=job,
                 req=req,
                 gen=gen,
                 writes=_ids(specs(transfer)[1]),
-                keys=tuple(keys),
+                keys=keys,
                 world_size=self.world_size,
             )
         )
@@ -320,7 +318,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         storing = {k for keys in self.keys.values() for k in keys}
         promoted = tuple(k for k in new if k not in storing)
         if promoted:
-            self._record(tier.TierPromoted(keys=promoted))
+            self._record(build.tier_promoted(keys=promoted))
             self.tier.update(dict.fromkeys(promoted))
 
     def _store(self, job: int, transfer: Any, stored: list[str], parent: str | None) -> None:
@@ -332,7 +330,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
         keys = self.keys[job] = tuple(stored)
         self.step_jobs[job] = (req, gen, keys, req in self.finished)
         self._record(
-            ev.JobEnqueued(
+            build.job_enqueued(
                 job=job,
                 req=req,
                 gen=gen,
@@ -348,7 +346,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
 
     def _evicted(self, keys: list[str]) -> None:
         if keys:
-            self._record(tier.TierEvicted(keys=tuple(keys)))
+            self._record(build.tier_evicted(keys=keys))
             for key in keys:
                 self.tier.pop(key, None)
 
@@ -365,7 +363,7 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             # its workers may still copy it, and report it: vLLM drops the report
             self.discarded[job] = self.world_size
         self.met_in_flight += len(discarded) - len(jobs)  # begun before this journal
-        self._record(tx.CacheReset(accepted=accepted, jobs=jobs))
+        self._record(build.cache_reset(accepted=accepted, jobs=jobs))
         if accepted and self.tier:
             self._evicted(list(self.tier))
         self.commit()
@@ -386,12 +384,12 @@ class OffloadingSchedulerObserver(SchedulerObserver):
             if job not in self.keys:
                 self.met_in_flight += 1  # enqueued before this journal began
                 continue
-            self._record(ev.CompletionsReceived(job=job, count=count))
+            self._record(build.completions_received(job=job, count=count))
         for job, is_store in sorted(ended.items()):
             keys = self.keys.pop(job, None)
             if keys is None:
                 continue
             if is_store and keys:
-                self._record(tier.TierStored(job=job, keys=keys))
+                self._record(build.tier_stored(job=job, keys=keys))
                 self.tier.update(dict.fromkeys(keys))
-            self._record(ev.PinsReleased(job=job, blocks=()))
+            self._record(build.pins_released(job=job, blocks=()))

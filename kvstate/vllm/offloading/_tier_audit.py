@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvstate import build
 from kvstate import events as ev
 from kvstate.vllm.offloading._scheduler import specs
 
@@ -93,7 +94,7 @@ class TierAudit:
             self.expected[key] = (job, {r[3]: d for r, d in rows})
             expected, actual = wrong[0] if wrong else (None, None)
             out.append(
-                ev.KeyVerified(key=key, ok=not wrong, expected=expected, actual=actual, job=job)
+                build.key_verified(key=key, ok=not wrong, expected=expected, actual=actual, job=job)
             )
         return out
 
@@ -109,6 +110,6 @@ class TierAudit:
             before = verdicts.get(key, (True, known[0]))[0]
             verdicts[key] = (before and ok, known[0])
         return [
-            ev.LoadVerified(req=req, gen=gen, key=key, ok=ok, job=writer)
+            build.load_verified(req=req, gen=gen, key=key, ok=ok, job=writer)
             for key, (ok, writer) in verdicts.items()
         ]

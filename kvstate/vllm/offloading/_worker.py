@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from kvstate import build
 from kvstate import events as ev
-from kvstate import tier_events as tier
 from kvstate.recorder import Recorder
 from kvstate.vllm._commit import GroupCommit
 from kvstate.vllm.offloading._tier_audit import TierAudit
@@ -207,19 +207,19 @@ class OffloadingWorkerObserver:
             if job not in self.received:
                 self.received.add(job)
                 self.unreported.add(job)
-                self._record(ev.JobReceived(job=job, rank=self.rank))
+                self._record(build.job_received(job=job, rank=self.rank))
 
     def start(self, jobs: Iterable[int]) -> None:
         for job in jobs:
             if job in self.received:
-                self._record(ev.JobStarted(job=job, rank=self.rank))
+                self._record(build.job_started(job=job, rank=self.rank))
 
     def reported(self, before: dict[int, int], after: dict[int, int]) -> None:
         """The jobs whose completion count this rank raised during one vLLM call."""
         for job in sorted(after):
             if after[job] > before.get(job, 0) and job in self.unreported:
                 self.unreported.discard(job)
-                self._record(ev.JobReported(job=job, rank=self.rank))
+                self._record(build.job_reported(job=job, rank=self.rank))
                 self.jobs.pop(job, None)
                 if self.audit is not None:
                     for verdict in self.audit.done(job):
@@ -228,7 +228,7 @@ class OffloadingWorkerObserver:
     def flushed(self, jobs: Iterable[int]) -> None:
         mine = tuple(sorted(j for j in jobs if j in self.received))
         if mine:
-            self._record(tier.FlushDone(jobs=mine, rank=self.rank))
+            self._record(build.flush_done(jobs=mine, rank=self.rank))
 
     def step_ended(self) -> None:
         self.group.step_ended()
