@@ -43,8 +43,6 @@ from .events import SIDE_WORKER, JournalOpened
 from .violations import Code, Violation
 
 if TYPE_CHECKING:
-    from journal.database import NewRow
-
     from .checkpointer import Checkpoints
     from .figures import Figures
     from .live_counts import LiveCounts
@@ -311,7 +309,7 @@ class BatchCodec:
             return f"{kind}: {exc}"
         return f"{kind}: refused by its typed decoder"
 
-    def orphaned(self, last_seq: int) -> list[NewRow]:
+    def orphaned(self, last_seq: int) -> list[Row]:
         """The record that closes a journal whose engine died: ``engine_crashed``."""
         event = build.engine_crashed(error=ORPHANED)
         return [
